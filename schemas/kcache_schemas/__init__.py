@@ -1,0 +1,45 @@
+"""kcache wire contract: pydantic models and the kernel pack format.
+
+Shared by the client (``kcache``) and the service (``kcache_server``); depends on nothing of
+ours, and only on pydantic and zstandard from outside.
+"""
+
+from kcache_schemas.errors import ErrorCode, PackError
+from kcache_schemas.keys import (
+    InvalidKeyError,
+    normalize_entry_key,
+    normalize_kernel_key,
+    validate_layer,
+    validate_namespace,
+    validate_workload_name,
+)
+from kcache_schemas.models import (
+    EntryInfo,
+    KernelEntry,
+    KernelManifest,
+    KernelTarget,
+    PackFile,
+    Producer,
+)
+from kcache_schemas.pack import PackLimits, build_pack, pack_kernel_dir, read_pack
+
+__all__ = [
+    "EntryInfo",
+    "ErrorCode",
+    "InvalidKeyError",
+    "KernelEntry",
+    "KernelManifest",
+    "KernelTarget",
+    "PackError",
+    "PackFile",
+    "PackLimits",
+    "Producer",
+    "build_pack",
+    "normalize_entry_key",
+    "normalize_kernel_key",
+    "pack_kernel_dir",
+    "read_pack",
+    "validate_layer",
+    "validate_namespace",
+    "validate_workload_name",
+]

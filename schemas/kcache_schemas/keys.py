@@ -1,0 +1,74 @@
+"""Validation and normalisation of every identifier that reaches a URL or a storage key.
+
+Everything that can become part of a path on disk or in S3 passes through here first, so the
+storage layer can build paths from these values without further checks.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+
+# Triton names a kernel dir by base32(sha256(cache key)) without padding: 52 chars of [A-Z2-7].
+_KERNEL_KEY_RE = re.compile(r"^[A-Z2-7]{52}$")
+_HEX_KEY_RE = re.compile(r"^[0-9a-fA-F]{64}$")
+_NAMESPACE_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
+_LAYER_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,31}$")
+# Inductor's remote-cache keys look like "pt2:fx-graph-v1::f3k...:c1"; keep them URL-safe and
+# bounded, and never let them contain a path separator.
+_ENTRY_KEY_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:=+-]{0,511}$")
+_WORKLOAD_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+
+
+class InvalidKeyError(ValueError):
+    """An identifier (kernel key, namespace, layer, entry key) is malformed."""
+
+
+def hex_to_kernel_key(hex_hash: str) -> str:
+    """Triton's ``_base32``: the dir name Triton derives from a 64-hex sha256."""
+    return base64.b32encode(bytes.fromhex(hex_hash)).decode("ascii").rstrip("=")
+
+
+def normalize_kernel_key(raw: str) -> str:
+    """Return the canonical 52-char base32 key for a Triton cache-dir name or its 64-hex hash."""
+    if _KERNEL_KEY_RE.match(raw):
+        # base32 of 32 bytes leaves 4 unused low bits in the last char: reject non-canonical
+        # spellings so one kernel never has two keys.
+        if hex_to_kernel_key(base64.b32decode(raw + "====").hex()) != raw:
+            raise InvalidKeyError(f"kernel key {raw!r} is not a canonical base32 sha256")
+        return raw
+    if _HEX_KEY_RE.match(raw):
+        return hex_to_kernel_key(raw.lower())
+    raise InvalidKeyError(
+        f"kernel key {raw[:80]!r} is neither a 52-char Triton cache-dir name ([A-Z2-7]) "
+        "nor a 64-char hex sha256"
+    )
+
+
+def validate_namespace(raw: str) -> str:
+    if not _NAMESPACE_RE.match(raw):
+        raise InvalidKeyError(
+            f"namespace {raw[:80]!r} must be 1-63 chars of [a-z0-9._-] starting with a letter or digit"
+        )
+    return raw
+
+
+def validate_layer(raw: str) -> str:
+    if not _LAYER_RE.match(raw):
+        raise InvalidKeyError(f"layer {raw[:80]!r} must be 1-32 chars of [a-z0-9-]")
+    return raw
+
+
+def normalize_entry_key(raw: str) -> str:
+    if not _ENTRY_KEY_RE.match(raw):
+        raise InvalidKeyError(
+            f"entry key {raw[:80]!r} must be 1-512 chars of [A-Za-z0-9_.:=+-] "
+            "and must not start with a punctuation character"
+        )
+    return raw
+
+
+def validate_workload_name(raw: str) -> str:
+    if not _WORKLOAD_RE.match(raw):
+        raise InvalidKeyError(f"workload name {raw[:80]!r} must be 1-128 chars of [A-Za-z0-9_.-]")
+    return raw

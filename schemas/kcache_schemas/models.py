@@ -1,0 +1,189 @@
+"""Pydantic models of the wire contract (JSON bodies and the manifest inside a kernel pack)."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from datetime import datetime
+from enum import Enum
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+
+from kcache_schemas.keys import (
+    normalize_entry_key,
+    normalize_kernel_key,
+    validate_layer,
+    validate_namespace,
+)
+
+PACK_FORMAT = "kcache-pack"
+PACK_FORMAT_VERSION = 1
+GROUP_PREFIX = "__grp__"
+REPLACE_SENTINEL = "[REPLACE]"
+
+# A file name inside a kernel dir: no separators, no NUL, no leading dot (so no "." or ".."),
+# and the only double-underscore name allowed is Triton's group file.
+_FILENAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]{0,199}$")
+_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+
+
+def validate_filename(name: str) -> str:
+    if not _FILENAME_RE.match(name):
+        raise ValueError(
+            f"file name {name[:80]!r} is not allowed: use [A-Za-z0-9_.+-], no '/', no leading '.'"
+        )
+    if name.startswith("__") and not (name.startswith(GROUP_PREFIX) and name.endswith(".json")):
+        raise ValueError(f"file name {name!r}: only Triton's __grp__<name>.json may start with '__'")
+    return name
+
+
+def _sha256_hex(value: str) -> str:
+    if not _SHA256_RE.match(value):
+        raise ValueError("sha256 must be 64 lowercase hex chars")
+    return value
+
+
+KernelKey = Annotated[str, AfterValidator(normalize_kernel_key)]
+Namespace = Annotated[str, AfterValidator(validate_namespace)]
+Layer = Annotated[str, AfterValidator(validate_layer)]
+EntryKey = Annotated[str, AfterValidator(normalize_entry_key)]
+FileName = Annotated[str, AfterValidator(validate_filename)]
+Sha256 = Annotated[str, AfterValidator(_sha256_hex)]
+
+
+class DeviceType(str, Enum):
+    CUDA = "cuda"
+    HIP = "hip"
+    XPU = "xpu"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PackFile(_Model):
+    name: FileName
+    size: int = Field(ge=0)
+    sha256: Sha256
+
+
+class KernelTarget(_Model):
+    """What hardware the kernel runs on, read from ``<name>.json``'s ``target``."""
+
+    device_type: DeviceType
+    arch: str = Field(min_length=1, max_length=32, description="e.g. '90' for sm_90, 'gfx942'")
+    warp_size: int = Field(ge=1, le=1024)
+
+
+class Producer(_Model):
+    """Who made an entry. Versions only: nothing machine-local (no host, user or path)."""
+
+    kcache_version: str | None = None
+    torch_version: str | None = None
+    triton_version: str | None = None
+    # Seconds the producer spent compiling; a hit credits this as compile time saved.
+    compile_time_s: float | None = Field(default=None, ge=0)
+
+
+class KernelManifest(_Model):
+    """The manifest inside a kernel pack: one Triton kernel dir, ``.json`` files path-free."""
+
+    format: Literal["kcache-pack"] = PACK_FORMAT
+    version: Literal[1] = PACK_FORMAT_VERSION
+    key: KernelKey
+    kernel_name: FileName
+    target: KernelTarget
+    triton_version: str = Field(min_length=1, max_length=64)
+    files: list[PackFile] = Field(min_length=2, max_length=64)
+    producer: Producer = Producer()
+
+    @model_validator(mode="after")
+    def _files_form_a_kernel_dir(self) -> KernelManifest:
+        names = [f.name for f in self.files]
+        if len(set(names)) != len(names):
+            dupes = sorted({n for n in names if names.count(n) > 1})
+            raise ValueError(f"duplicate file names in manifest: {dupes}")
+        for required in (f"{self.kernel_name}.json", self.group_file):
+            if required not in names:
+                raise ValueError(f"manifest lacks {required!r}, which every Triton kernel dir has")
+        return self
+
+    @property
+    def group_file(self) -> str:
+        return f"{GROUP_PREFIX}{self.kernel_name}.json"
+
+    @property
+    def metadata_file(self) -> str:
+        return f"{self.kernel_name}.json"
+
+    @property
+    def total_size(self) -> int:
+        return sum(f.size for f in self.files)
+
+    @property
+    def content_digest(self) -> str:
+        """Identity of the kernel dir's contents, independent of how the pack was compressed.
+
+        Two uploads for one key are "identical" (write-once allows the second) when this matches.
+        """
+        h = hashlib.sha256()
+        for f in sorted(self.files, key=lambda f: f.name):
+            h.update(f"{f.name}\0{f.size}\0{f.sha256}\n".encode())
+        return h.hexdigest()
+
+
+class KernelEntry(_Model):
+    """A stored kernel as the API describes it."""
+
+    namespace: Namespace
+    key: KernelKey
+    kernel_name: FileName
+    target: KernelTarget
+    triton_version: str
+    files: list[PackFile]
+    total_size: int = Field(ge=0, description="bytes of the unpacked kernel dir")
+    pack_size: int = Field(ge=0, description="bytes of the compressed pack")
+    content_digest: Sha256
+    created_at: datetime
+    producer: Producer = Producer()
+
+
+class KernelList(_Model):
+    items: list[KernelEntry]
+    next_cursor: str | None = None
+
+
+class MissingRequest(_Model):
+    keys: list[str] = Field(max_length=10_000)
+
+
+class MissingResponse(_Model):
+    missing: list[str]
+    invalid: list[str] = Field(default_factory=list)
+
+
+class BatchGetRequest(_Model):
+    keys: list[str] = Field(min_length=1, max_length=5_000)
+
+
+class EntryInfo(_Model):
+    """An opaque Inductor remote-cache entry (FX graph, autotune, ...). Never unpickled."""
+
+    namespace: Namespace
+    layer: Layer
+    key: EntryKey
+    size: int = Field(ge=0)
+    sha256: Sha256
+    created_at: datetime
+    producer: Producer = Producer()
+
+
+class ErrorDetail(_Model):
+    code: str
+    message: str
+    detail: Any = None
+
+
+class ErrorBody(_Model):
+    error: ErrorDetail
