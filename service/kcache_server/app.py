@@ -1,0 +1,64 @@
+"""The FastAPI application factory."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from kcache_schemas import PackLimits
+
+from kcache_server import __version__
+from kcache_server.auth import Authenticator
+from kcache_server.errors import install_error_handlers
+from kcache_server.routes import entries, health, kernels
+from kcache_server.settings import Settings
+from kcache_server.storage import open_blob_store, open_index
+from kcache_server.store import CacheStore
+
+log = logging.getLogger("kcache_server")
+
+
+def build_store(settings: Settings) -> CacheStore:
+    options = {"timeout_s": settings.backend_timeout_s}
+    blob_opts = dict(options, endpoint_url=settings.s3_endpoint_url) if settings.resolved_blob_url.startswith("s3://") else {}
+    index_opts = options if not settings.resolved_index_url.startswith("sqlite://") else {}
+    return CacheStore(
+        open_blob_store(settings.resolved_blob_url, **blob_opts),
+        open_index(settings.resolved_index_url, **index_opts),
+        PackLimits(max_unpacked_bytes=settings.max_unpacked_bytes),
+        access_flush_s=settings.access_flush_s,
+    )
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or Settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        store = build_store(settings)
+        app.state.store = store
+        log.info(
+            "kcache %s serving blobs=%s index=%s auth=%s",
+            __version__, settings.resolved_blob_url, settings.resolved_index_url,
+            "open (loopback only)" if app.state.auth.open else f"{len(settings.grants)} token(s)",
+        )
+        try:
+            yield
+        finally:
+            store.close()
+
+    app = FastAPI(
+        title="kcache",
+        version=__version__,
+        summary="Distributed cache for compiled GPU kernels (Triton, PyTorch Inductor)",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.auth = Authenticator(settings.grants)
+    install_error_handlers(app)
+    app.include_router(health.router)
+    app.include_router(kernels.router)
+    app.include_router(entries.router)
+    return app

@@ -1,0 +1,73 @@
+"""Bearer tokens with read / write / admin scopes per namespace.
+
+``admin`` implies ``write`` implies ``read``. With no tokens configured the service is open, which
+``Settings.check_bind`` allows on loopback only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from dataclasses import dataclass
+
+from kcache_schemas import ErrorCode
+
+from kcache_server.errors import ApiError
+from kcache_server.settings import Scope, TokenGrant
+
+_IMPLIED: dict[str, set[str]] = {"admin": {"admin", "write", "read"}, "write": {"write", "read"}, "read": {"read"}}
+
+
+@dataclass(frozen=True)
+class Principal:
+    name: str
+    namespaces: frozenset[str]
+    scopes: frozenset[str]
+
+    def allows(self, namespace: str, scope: Scope) -> bool:
+        return scope in self.scopes and ("*" in self.namespaces or namespace in self.namespaces)
+
+
+OPEN = Principal("anonymous (open server)", frozenset({"*"}), frozenset({"read", "write", "admin"}))
+
+
+class Authenticator:
+    def __init__(self, grants: list[TokenGrant]) -> None:
+        # Keep only digests: compare in constant time and never hold more plaintext than needed.
+        self._grants = [
+            (
+                hashlib.sha256(g.token.get_secret_value().encode()).digest(),
+                Principal(
+                    g.name,
+                    frozenset(g.namespaces),
+                    frozenset(s for scope in g.scopes for s in _IMPLIED[scope]),
+                ),
+            )
+            for g in grants
+        ]
+
+    @property
+    def open(self) -> bool:
+        return not self._grants
+
+    def authenticate(self, authorization: str | None) -> Principal:
+        if self.open:
+            return OPEN
+        if not authorization or not authorization.lower().startswith("bearer "):
+            raise ApiError(401, ErrorCode.UNAUTHORIZED, "missing bearer token (Authorization: Bearer <token>)")
+        digest = hashlib.sha256(authorization[7:].strip().encode()).digest()
+        match = None
+        for stored, principal in self._grants:
+            if hmac.compare_digest(stored, digest):
+                match = principal
+        if match is None:
+            raise ApiError(401, ErrorCode.UNAUTHORIZED, "unknown bearer token")
+        return match
+
+    def authorize(self, authorization: str | None, namespace: str, scope: Scope) -> Principal:
+        principal = self.authenticate(authorization)
+        if not principal.allows(namespace, scope):
+            raise ApiError(
+                403, ErrorCode.FORBIDDEN, f"token {principal.name!r} lacks {scope!r} on namespace {namespace!r}"
+            )
+        return principal

@@ -1,0 +1,88 @@
+"""FastAPI dependencies: the store, validated path parameters, and scope checks."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, Header, Path, Request
+from kcache_schemas import (
+    normalize_entry_key,
+    normalize_kernel_key,
+    validate_layer,
+    validate_namespace,
+)
+
+from kcache_server.auth import Authenticator, Principal
+from kcache_server.settings import Settings
+from kcache_server.store import CacheStore
+
+
+def get_store(request: Request) -> CacheStore:
+    return request.app.state.store  # type: ignore[no-any-return]
+
+
+def get_settings(request: Request) -> Settings:
+    return request.app.state.settings  # type: ignore[no-any-return]
+
+
+def get_auth(request: Request) -> Authenticator:
+    return request.app.state.auth  # type: ignore[no-any-return]
+
+
+def _namespace(namespace: Annotated[str, Path(description="e.g. a team or environment")]) -> str:
+    return validate_namespace(namespace)
+
+
+def _kernel_key(key: Annotated[str, Path(description="Triton cache-dir name (52 base32) or 64-hex hash")]) -> str:
+    return normalize_kernel_key(key)
+
+
+def _layer(layer: Annotated[str, Path(description="fx-graph, autotune, bundled-autotune, aot-autograd, dynamo-pgo")]) -> str:
+    return validate_layer(layer)
+
+
+def _entry_key(key: str) -> str:
+    return normalize_entry_key(key)
+
+
+StoreDep = Annotated[CacheStore, Depends(get_store)]
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+Namespace = Annotated[str, Depends(_namespace)]
+KernelKey = Annotated[str, Depends(_kernel_key)]
+Layer = Annotated[str, Depends(_layer)]
+EntryKey = Annotated[str, Depends(_entry_key)]
+
+
+def _scope_checker(scope: str):  # type: ignore[no-untyped-def]
+    def check(
+        namespace: Namespace,
+        auth: Annotated[Authenticator, Depends(get_auth)],
+        authorization: Annotated[str | None, Header()] = None,
+    ) -> Principal:
+        return auth.authorize(authorization, namespace, scope)  # type: ignore[arg-type]
+
+    return check
+
+
+CanRead = Annotated[Principal, Depends(_scope_checker("read"))]
+CanWrite = Annotated[Principal, Depends(_scope_checker("write"))]
+CanAdmin = Annotated[Principal, Depends(_scope_checker("admin"))]
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """Read the request body, refusing (413) past ``limit`` bytes without buffering the excess."""
+    from kcache_schemas import ErrorCode
+
+    from kcache_server.errors import ApiError
+
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise ApiError(413, ErrorCode.TOO_LARGE, f"body of {declared} bytes exceeds the limit of {limit}")
+    chunks: list[bytes] = []
+    total = 0
+    async for chunk in request.stream():
+        total += len(chunk)
+        if total > limit:
+            raise ApiError(413, ErrorCode.TOO_LARGE, f"body exceeds the limit of {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)

@@ -1,0 +1,174 @@
+"""Kernel packs: ``/v1/{namespace}/kernels``."""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from collections.abc import Iterator
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request, Response
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import RedirectResponse, StreamingResponse
+from kcache_schemas import InvalidKeyError, KernelEntry, normalize_kernel_key
+from kcache_schemas.models import (
+    BatchGetRequest,
+    KernelList,
+    MissingRequest,
+    MissingResponse,
+    validate_filename,
+)
+from kcache_schemas.pack import MEDIA_TYPE
+
+from kcache_server.deps import (
+    CanAdmin,
+    CanRead,
+    CanWrite,
+    KernelKey,
+    Namespace,
+    SettingsDep,
+    StoreDep,
+    read_body,
+)
+from kcache_server.storage import BlobNotFound
+from kcache_server.store import KERNEL
+
+router = APIRouter(prefix="/v1/{namespace}", tags=["kernels"])
+
+_TEXT_SUFFIXES = (".source", ".ttir", ".ttgir", ".llir", ".ptx", ".amdgcn", ".json")
+
+
+def _entry_headers(entry: KernelEntry) -> dict[str, str]:
+    return {
+        "ETag": f'"{entry.content_digest}"',
+        "X-Kcache-Total-Size": str(entry.total_size),
+        "X-Kcache-Target": f"{entry.target.device_type.value}:{entry.target.arch}:{entry.target.warp_size}",
+        "Cache-Control": "public, max-age=31536000, immutable",
+    }
+
+
+@router.put("/kernels/{key}", status_code=201, response_model=KernelEntry, summary="Upload a kernel pack")
+async def put_kernel(
+    request: Request, response: Response, namespace: Namespace, key: KernelKey,
+    store: StoreDep, settings: SettingsDep, _: CanWrite,
+) -> KernelEntry:
+    """Verifies every file's size and sha256 and that the pack is for ``key``. Write-once:
+    re-uploading identical content answers 200, different content 409."""
+    body = await read_body(request, settings.max_pack_bytes)
+    entry, created = await run_in_threadpool(store.put_kernel, namespace, key, body)
+    response.status_code = 201 if created else 200
+    return entry
+
+
+@router.get("/kernels/{key}", summary="Download a kernel pack", response_class=Response,
+            responses={200: {"content": {MEDIA_TYPE: {}}}, 307: {"description": "presigned blob URL"}})
+def get_kernel(namespace: Namespace, key: KernelKey, store: StoreDep, settings: SettingsDep, _: CanRead) -> Response:
+    if settings.presigned_downloads:
+        record = store.kernel_record(namespace, key)
+        url = store.blobs.presigned_get_url(record.digest, settings.presign_expires_s)
+        if url is not None:
+            store.access.record(namespace, KERNEL, [key])
+            return RedirectResponse(url, status_code=307)
+    record, data = store.kernel_pack(namespace, key)
+    entry = KernelEntry.model_validate_json(record.meta)
+    return Response(data, media_type=MEDIA_TYPE, headers=_entry_headers(entry))
+
+
+@router.head("/kernels/{key}", summary="Whether a kernel exists, and its pack size")
+def head_kernel(namespace: Namespace, key: KernelKey, store: StoreDep, _: CanRead) -> Response:
+    entry = store.kernel_entry(namespace, key)
+    headers = _entry_headers(entry) | {"Content-Length": str(entry.pack_size)}
+    return Response(status_code=200, media_type=MEDIA_TYPE, headers=headers)
+
+
+@router.get("/kernels/{key}/manifest", response_model=KernelEntry, summary="A kernel's manifest")
+def get_manifest(namespace: Namespace, key: KernelKey, store: StoreDep, _: CanRead) -> KernelEntry:
+    return store.kernel_entry(namespace, key)
+
+
+@router.get("/kernels/{key}/files/{filename}", summary="One raw file of a kernel (e.g. the .ptx)")
+def get_file(namespace: Namespace, key: KernelKey, filename: str, store: StoreDep, _: CanRead) -> Response:
+    try:
+        validate_filename(filename)
+    except ValueError as exc:
+        raise InvalidKeyError(str(exc)) from exc
+    data = store.kernel_file(namespace, key, filename)
+    text = filename.endswith(_TEXT_SUFFIXES)
+    media = "application/json" if filename.endswith(".json") else "text/plain; charset=utf-8" if text else "application/octet-stream"
+    return Response(data, media_type=media, headers={"Content-Disposition": f'inline; filename="{filename}"'})
+
+
+@router.delete("/kernels/{key}", status_code=204, summary="Remove a kernel (admin)")
+def delete_kernel(namespace: Namespace, key: KernelKey, store: StoreDep, _: CanAdmin) -> Response:
+    store.delete(namespace, KERNEL, key)
+    return Response(status_code=204)
+
+
+def _split_keys(raw: list[str]) -> tuple[list[str], list[str]]:
+    valid, invalid = [], []
+    for k in raw:
+        try:
+            valid.append(normalize_kernel_key(k))
+        except InvalidKeyError:
+            invalid.append(k)
+    return valid, invalid
+
+
+@router.post("/kernels:missing", response_model=MissingResponse, summary="Which of these keys are not stored")
+def missing_kernels(body: MissingRequest, namespace: Namespace, store: StoreDep, _: CanRead) -> MissingResponse:
+    valid, invalid = _split_keys(body.keys)
+    return MissingResponse(missing=store.missing_kernels(namespace, valid), invalid=invalid)
+
+
+@router.post("/kernels:batch-get", summary="Many packs in one streamed response",
+             response_class=StreamingResponse, responses={200: {"content": {"application/x-tar": {}}}})
+def batch_get(body: BatchGetRequest, namespace: Namespace, store: StoreDep, _: CanRead) -> StreamingResponse:
+    """An uncompressed tar stream: first ``index.json`` (``{"found": [...], "missing": [...],
+    "invalid": [...]}``), then ``<key>.kpack`` for each found key, in that order. Packs are
+    already compressed, so the outer tar adds only headers."""
+    valid, invalid = _split_keys(body.keys)
+    records = store.index.get_many(namespace, KERNEL, list(dict.fromkeys(valid)))
+    found = [k for k in dict.fromkeys(valid) if k in records]
+
+    def stream() -> Iterator[bytes]:
+        buf = io.BytesIO()
+        tf = tarfile.open(fileobj=buf, mode="w|", format=tarfile.PAX_FORMAT)  # noqa: SIM115 - closed after the last yield
+
+        def add(name: str, data: bytes) -> bytes:
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), 0o644
+            tf.addfile(info, io.BytesIO(data))
+            out = buf.getvalue()
+            buf.seek(0)
+            buf.truncate()
+            return out
+
+        missing = [k for k in dict.fromkeys(valid) if k not in records]
+        yield add("index.json", json.dumps({"found": found, "missing": missing, "invalid": invalid}).encode())
+        for key in found:
+            try:
+                data = store.blobs.get(records[key].digest)
+            except BlobNotFound:
+                # Vanished between lookup and read: leave it out; the client treats it as a miss.
+                continue
+            yield add(f"{key}.kpack", data)
+        store.access.record(namespace, KERNEL, found)
+        tf.close()
+        yield buf.getvalue()
+
+    return StreamingResponse(stream(), media_type="application/x-tar")
+
+
+@router.get("/kernels", response_model=KernelList, summary="List kernels (paginated)")
+def list_kernels(
+    namespace: Namespace, store: StoreDep, _: CanRead,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    cursor: Annotated[str, Query(max_length=64)] = "",
+    prefix: Annotated[str, Query(max_length=52, pattern=r"^[A-Z2-7]*$")] = "",
+) -> KernelList:
+    items = store.list_kernels(namespace, cursor, prefix, limit + 1)
+    next_cursor = items[limit - 1].key if len(items) > limit else None
+    return KernelList(items=items[:limit], next_cursor=next_cursor)
+
+

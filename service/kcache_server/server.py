@@ -1,0 +1,65 @@
+"""``kcache serve``: run the service under uvicorn with structured (JSON) log lines."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+from typing import Any
+
+from kcache_server.settings import Settings
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line, so log pipelines can parse fields instead of regexing text."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        return json.dumps(out)
+
+
+def log_config(level: str) -> dict[str, Any]:
+    handler = {"class": "logging.StreamHandler", "formatter": "json", "stream": "ext://sys.stderr"}
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {"json": {"()": JsonFormatter}},
+        "handlers": {"default": handler},
+        "loggers": {
+            name: {"handlers": ["default"], "level": level.upper(), "propagate": False}
+            for name in ("kcache_server", "uvicorn", "uvicorn.error", "uvicorn.access")
+        },
+    }
+
+
+def serve(settings_overrides: dict[str, Any]) -> None:
+    # Overrides travel as env vars so that every uvicorn worker process builds the same Settings.
+    for name, value in settings_overrides.items():
+        if value is not None:
+            os.environ[f"KCACHE_{name.upper()}"] = str(value)
+    settings = Settings()
+    settings.check_bind()
+    import uvicorn
+
+    if settings.resolved_blob_url.startswith("file://") or settings.resolved_index_url.startswith("sqlite://"):
+        print(f"kcache: data in {settings.data_dir.resolve()} (blobs {settings.resolved_blob_url}, "
+              f"index {settings.resolved_index_url})", file=sys.stderr)
+    print(f"kcache: serving on http://{settings.host}:{settings.port} (API docs at /docs)", file=sys.stderr)
+    uvicorn.run(
+        "kcache_server.app:create_app",
+        factory=True,
+        host=settings.host,
+        port=settings.port,
+        workers=settings.workers,
+        log_config=log_config(settings.log_level),
+        proxy_headers=True,
+    )

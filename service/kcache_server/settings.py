@@ -1,0 +1,93 @@
+"""Service settings from ``KCACHE_*`` environment variables (pydantic-settings)."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+from functools import cached_property
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+Scope = Literal["read", "write", "admin"]
+# Tokens anyone could guess are refused outright, like the full-stack template's "changethis".
+_WEAK_TOKENS = {"changeme", "changethis", "secret", "password", "token", "kcache"}
+
+
+def default_data_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "kcache" / "server"
+
+
+class TokenGrant(BaseModel):
+    """One bearer token and what it may do: scopes in namespaces (``*`` = all)."""
+
+    token: SecretStr
+    name: str = "token"
+    namespaces: list[str] = Field(default_factory=lambda: ["*"], min_length=1)
+    scopes: list[Scope] = Field(min_length=1)
+
+    @field_validator("token")
+    @classmethod
+    def _strong(cls, v: SecretStr) -> SecretStr:
+        raw = v.get_secret_value()
+        if len(raw) < 16 or raw.lower() in _WEAK_TOKENS:
+            raise ValueError("tokens must be at least 16 characters and not a default secret")
+        return v
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="KCACHE_", extra="ignore")
+
+    host: str = "127.0.0.1"
+    port: int = 8765
+    workers: int = 1
+    data_dir: Path = Field(default_factory=default_data_dir)
+    blob_url: str | None = None
+    index_url: str | None = None
+    tokens_file: Path | None = None
+    tokens: str | None = Field(default=None, description="JSON list of token grants")
+    max_pack_bytes: int = 256 << 20
+    max_unpacked_bytes: int = 1 << 30
+    max_entry_bytes: int = 256 << 20
+    backend_timeout_s: float = 5.0
+    presigned_downloads: bool = False
+    presign_expires_s: int = 300
+    s3_endpoint_url: str | None = None
+    access_flush_s: float = 2.0
+    log_level: str = "info"
+
+    @property
+    def resolved_blob_url(self) -> str:
+        return self.blob_url or f"file://{(self.data_dir / 'blobs').resolve()}"
+
+    @property
+    def resolved_index_url(self) -> str:
+        return self.index_url or f"sqlite://{(self.data_dir / 'index.sqlite3').resolve()}"
+
+    @cached_property
+    def grants(self) -> list[TokenGrant]:
+        raw: list[object] = []
+        if self.tokens_file is not None:
+            raw += json.loads(self.tokens_file.read_text())
+        if self.tokens:
+            raw += json.loads(self.tokens)
+        return [TokenGrant.model_validate(g) for g in raw]
+
+    def check_bind(self) -> None:
+        """Refuse to serve an open (tokenless) cache anywhere but loopback."""
+        if self.grants:
+            return
+        try:
+            loopback = ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            loopback = self.host == "localhost"
+        if not loopback:
+            raise SystemExit(
+                f"kcache: refusing to bind {self.host} without tokens: an open cache on the network "
+                "lets anyone read and poison kernels. Configure KCACHE_TOKENS_FILE or KCACHE_TOKENS "
+                "(see docs/deployment.md), or bind 127.0.0.1."
+            )

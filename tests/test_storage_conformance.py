@@ -1,0 +1,192 @@
+"""One conformance suite, run against every storage backend (the fsspec habit).
+
+The ``blob_store`` and ``index`` fixtures (tests/conftest.py) are parameterised over every
+backend this machine can run; each backend gets exactly these tests.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import time
+
+import pytest
+from kcache_server.storage import BlobNotFound, BlobStore, Index, IndexRecord
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _rec(key: str, ns: str = "ns1", kind: str = "kernel", digest: str = "a" * 64, size: int = 3) -> IndexRecord:
+    return IndexRecord(namespace=ns, kind=kind, key=key, digest=digest, size=size, meta=json.dumps({"k": key}))
+
+
+# ---- blob store -------------------------------------------------------------------------
+
+
+def test_blob_roundtrip_and_size(blob_store: BlobStore) -> None:
+    data = b"kernel bytes" * 1000
+    d = _digest(data)
+    assert blob_store.size(d) is None
+    blob_store.put(d, data)
+    assert blob_store.get(d) == data
+    assert blob_store.size(d) == len(data)
+
+
+def test_blob_missing_raises_not_found(blob_store: BlobStore) -> None:
+    with pytest.raises(BlobNotFound):
+        blob_store.get(_digest(b"never stored"))
+
+
+def test_blob_put_is_idempotent(blob_store: BlobStore) -> None:
+    data = b"same"
+    d = _digest(data)
+    blob_store.put(d, data)
+    blob_store.put(d, data)
+    assert blob_store.get(d) == data
+
+
+def test_blob_delete(blob_store: BlobStore) -> None:
+    data = b"to delete"
+    d = _digest(data)
+    blob_store.put(d, data)
+    blob_store.delete(d)
+    assert blob_store.size(d) is None
+    blob_store.delete(d)  # absent is fine
+
+
+def test_blob_large_roundtrip(blob_store: BlobStore) -> None:
+    # Large enough to take the multipart path in backends that have one.
+    data = bytes(range(256)) * (40 * 1024 * 4)  # 40 MiB
+    d = _digest(data)
+    blob_store.put(d, data)
+    assert blob_store.size(d) == len(data)
+    assert _digest(blob_store.get(d)) == d
+
+
+def test_blob_concurrent_writers_same_digest(blob_store: BlobStore) -> None:
+    data = b"x" * 300_000
+    d = _digest(data)
+    errors: list[BaseException] = []
+
+    def put() -> None:
+        try:
+            blob_store.put(d, data)
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=put) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert blob_store.get(d) == data
+
+
+def test_blob_ping(blob_store: BlobStore) -> None:
+    blob_store.ping()
+
+
+# ---- index ------------------------------------------------------------------------------
+
+
+def test_index_put_if_absent_first_writer_wins(index: Index) -> None:
+    first = index.put_if_absent(_rec("K1", digest="1" * 64))
+    second = index.put_if_absent(_rec("K1", digest="2" * 64))
+    assert first.digest == "1" * 64
+    assert second.digest == "1" * 64
+    got = index.get("ns1", "kernel", "K1")
+    assert got is not None and got.digest == "1" * 64 and json.loads(got.meta) == {"k": "K1"}
+
+
+def test_index_get_absent(index: Index) -> None:
+    assert index.get("ns1", "kernel", "nope") is None
+
+
+def test_index_namespaces_and_kinds_are_separate(index: Index) -> None:
+    index.put_if_absent(_rec("K", ns="a"))
+    assert index.get("b", "kernel", "K") is None
+    assert index.get("a", "entry/fx-graph", "K") is None
+    assert index.get("a", "kernel", "K") is not None
+
+
+def test_index_get_many_and_missing(index: Index) -> None:
+    keys = [f"K{i:05d}" for i in range(1200)]  # more than one chunk / pipeline batch
+    for k in keys[::2]:
+        index.put_if_absent(_rec(k))
+    found = index.get_many("ns1", "kernel", keys)
+    assert set(found) == set(keys[::2])
+    assert index.missing("ns1", "kernel", keys) == keys[1::2]
+
+
+def test_index_concurrent_put_if_absent_one_winner(index: Index) -> None:
+    results: list[IndexRecord] = []
+    lock = threading.Lock()
+
+    def put(i: int) -> None:
+        r = index.put_if_absent(_rec("RACE", digest=f"{i:064x}"))
+        with lock:
+            results.append(r)
+
+    threads = [threading.Thread(target=put, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len({r.digest for r in results}) == 1  # everybody saw the same winner
+
+
+def test_index_upsert_overwrites(index: Index) -> None:
+    index.upsert(_rec("U", digest="1" * 64))
+    index.upsert(_rec("U", digest="2" * 64))
+    got = index.get("ns1", "kernel", "U")
+    assert got is not None and got.digest == "2" * 64
+
+
+def test_index_delete_and_compare_and_delete(index: Index) -> None:
+    index.put_if_absent(_rec("D", digest="1" * 64))
+    assert index.delete("ns1", "kernel", "D", digest="2" * 64) is False  # someone else's
+    assert index.get("ns1", "kernel", "D") is not None
+    assert index.delete("ns1", "kernel", "D", digest="1" * 64) is True
+    assert index.get("ns1", "kernel", "D") is None
+    assert index.delete("ns1", "kernel", "D") is False
+
+
+def test_index_list_pagination_and_prefix(index: Index) -> None:
+    keys = sorted(f"{p}{i:03d}" for p in ("AA", "AB") for i in range(30))
+    for k in keys:
+        index.put_if_absent(_rec(k))
+    seen: list[str] = []
+    after = ""
+    while True:
+        page = index.list("ns1", "kernel", after=after, limit=7)
+        if not page:
+            break
+        seen += [r.key for r in page]
+        after = page[-1].key
+    assert seen == keys
+    assert [r.key for r in index.list("ns1", "kernel", prefix="AB", limit=100)] == [k for k in keys if k.startswith("AB")]
+
+
+def test_index_touch_counts_hits(index: Index) -> None:
+    index.put_if_absent(_rec("T"))
+    now = time.time()
+    index.touch("ns1", "kernel", ["T", "T", "absent"], now)
+    got = index.get("ns1", "kernel", "T")
+    assert got is not None and got.hits == 2 and got.last_access == pytest.approx(now, abs=1)
+
+
+def test_index_usage(index: Index) -> None:
+    index.put_if_absent(_rec("U1", ns="u", size=10))
+    index.put_if_absent(_rec("U2", ns="u", size=32))
+    index.put_if_absent(_rec("E1", ns="u", kind="entry/fx-graph", size=5))
+    usage = index.usage()["u"]
+    assert (usage["kernel"].entries, usage["kernel"].bytes) == (2, 42)
+    assert (usage["entry/fx-graph"].entries, usage["entry/fx-graph"].bytes) == (1, 5)
+
+
+def test_index_ping(index: Index) -> None:
+    index.ping()
