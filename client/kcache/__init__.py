@@ -1,1 +1,29 @@
-"""kcache client."""
+"""kcache: a distributed cache for compiled GPU kernels (Triton, PyTorch Inductor).
+
+``kcache.install()`` hooks Inductor's TritonBundler (and, where enabled, Inductor's remote caches
+and Triton's cache manager). With ``KCACHE_URL`` set this happens by itself when Inductor is
+imported (see ``kcache._autoload``). This module stays import-light: it runs at interpreter start.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__version__ = "0.1.0"
+__all__ = ["__version__", "install", "uninstall"]
+
+
+def install(url: str | None = None, **options: Any) -> bool:
+    """Activate kcache in this process. Options override ``KCACHE_*`` env vars
+    (``token``, ``namespace``, ``mode``, timeouts, ...). Returns False when kcache is off
+    (no URL or ``mode="off"``); never raises because the service is unreachable."""
+    from kcache.activation import activate
+
+    return activate(url=url, **options)
+
+
+def uninstall() -> None:
+    """Remove every hook and stop the background uploader (flushing with a time cap)."""
+    from kcache.activation import deactivate
+
+    deactivate()

@@ -3,7 +3,24 @@
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from kcache.config import ClientConfig
+from kcache.errors import KcacheError
+
+
+def _client(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from kcache.http import KcacheClient
+
+    config = ClientConfig.from_env(url=args.url, token=args.token, namespace=args.namespace)
+    if not config.url:
+        raise SystemExit("kcache: no service URL: pass --url or set KCACHE_URL")
+    # The CLI is interactive, not on a compile path: allow slower answers than the hooks do.
+    return KcacheClient(ClientConfig(**{**config.__dict__, "read_timeout_s": max(config.read_timeout_s, 30.0), "connect_timeout_s": max(config.connect_timeout_s, 5.0)}))
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -16,9 +33,133 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def kernel_dirs(cache_dir: Path) -> list[Path]:
+    """Complete-looking kernel dirs: a key-named dir holding a Triton group file."""
+    from kcache_schemas import InvalidKeyError, normalize_kernel_key
+
+    out = []
+    for d in sorted(cache_dir.iterdir()) if cache_dir.is_dir() else []:
+        try:
+            normalize_kernel_key(d.name)
+        except InvalidKeyError:
+            continue
+        if d.is_dir() and any(p.name.startswith("__grp__") for p in d.iterdir()):
+            out.append(d)
+    return out
+
+
+def _push(args: argparse.Namespace) -> int:
+    from kcache_schemas import PackError
+    from kcache_schemas.pack import build_pack, manifest_for_files, read_kernel_dir
+
+    from kcache.dirs import triton_cache_dir
+    from kcache.progress import Progress
+    from kcache.runtime import producer_info
+
+    cache_dir = Path(args.dir) if args.dir else triton_cache_dir()
+    client = _client(args)
+    dirs = kernel_dirs(cache_dir)
+    missing = set(client.missing([d.name for d in dirs]))
+    todo = [d for d in dirs if d.name in missing]
+    progress = Progress("push", len(todo))
+    skipped: list[str] = []
+
+    def upload(d: Path) -> int:
+        try:
+            files = read_kernel_dir(d)
+            manifest = manifest_for_files(d.name, files, producer_info())
+        except PackError as exc:
+            skipped.append(f"{d.name}: {exc}")
+            return 0
+        pack = build_pack(manifest, files)
+        client.put_pack(d.name, pack)
+        return len(pack)
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        for nbytes in pool.map(upload, todo):
+            progress.advance(nbytes)
+    progress.close()
+    for line in skipped:
+        print(f"skipped {line}", file=sys.stderr)
+    print(
+        f"pushed {len(todo) - len(skipped)} kernels ({progress.nbytes / 1e6:.1f} MB) in {progress.seconds:.2f}s; "
+        f"{len(dirs) - len(todo)} already present, {len(skipped)} skipped; from {cache_dir}"
+    )
+    return 0
+
+
+def _pull(args: argparse.Namespace) -> int:
+    from kcache_schemas import PackError
+
+    from kcache.dirs import triton_cache_dir
+    from kcache.emitter import EmitOutcome, emit_pack
+    from kcache.progress import Progress
+
+    dest = Path(args.dest) if args.dest else triton_cache_dir()
+    client = _client(args)
+    keys = [e.key for e in client.list_kernels()] if args.all else args.keys
+    if not keys:
+        raise SystemExit("kcache pull: give KEY... or --all")
+    progress = Progress("pull", len(keys))
+    outcomes: dict[str, int] = {}
+    bad = 0
+    for key, pack in client.batch_get(keys):
+        try:
+            outcome = emit_pack(dest, pack, expected_key=key, check_target=not args.no_target_check)
+            outcomes[outcome.value] = outcomes.get(outcome.value, 0) + 1
+        except PackError as exc:
+            bad += 1
+            print(f"refused {key}: {exc}", file=sys.stderr)
+        progress.advance(len(pack))
+    progress.close()
+    got = sum(outcomes.values()) + bad
+    detail = ", ".join(f"{n} {k}" for k, n in sorted(outcomes.items()))
+    print(
+        f"pulled {got} of {len(keys)} kernels ({progress.nbytes / 1e6:.1f} MB) in {progress.seconds:.2f}s"
+        f" into {dest}: {detail or 'none'}; {len(keys) - got} not found, {bad} refused"
+    )
+    emitted = outcomes.get(EmitOutcome.EMITTED.value, 0) + outcomes.get(EmitOutcome.EXISTING.value, 0)
+    return 0 if (emitted or not keys) and not bad else 1
+
+
+def _ls(args: argparse.Namespace) -> int:
+    client = _client(args)
+    entries = list(client.list_kernels(prefix=args.prefix or ""))
+    if args.json:
+        print(json.dumps([e.model_dump(mode="json") for e in entries], indent=2))
+        return 0
+    print(f"{'KEY':52}  {'NAME':32}  {'TARGET':12}  {'TRITON':8}  {'FILES':>5}  {'SIZE':>10}  CREATED")
+    for e in entries:
+        target = f"{e.target.device_type.value}:{e.target.arch}"
+        print(f"{e.key:52}  {e.kernel_name[:32]:32}  {target:12}  {e.triton_version[:8]:8}  {len(e.files):>5}  {e.total_size:>10}  {e.created_at:%Y-%m-%d %H:%M}")
+    print(f"{len(entries)} kernels", file=sys.stderr)
+    return 0
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    entry = _client(args).manifest(args.key)
+    if args.json:
+        print(entry.model_dump_json(indent=2))
+        return 0
+    print(f"key            {entry.key}\nkernel         {entry.kernel_name}\nnamespace      {entry.namespace}")
+    print(f"target         {entry.target.device_type.value} arch {entry.target.arch} warp {entry.target.warp_size}")
+    print(f"triton         {entry.triton_version}\nsize           {entry.total_size} bytes unpacked, {entry.pack_size} packed")
+    print(f"created        {entry.created_at.isoformat()}\nproducer       {entry.producer.model_dump(exclude_none=True)}")
+    print("files")
+    for f in entry.files:
+        print(f"  {f.name:40} {f.size:>10}  {f.sha256[:16]}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kcache", description="Distributed cache for compiled GPU kernels")
     sub = parser.add_subparsers(dest="command", required=True)
+
+    def remote(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        p.add_argument("--url", help="service URL (KCACHE_URL)")
+        p.add_argument("--token", help="bearer token (KCACHE_TOKEN)")
+        p.add_argument("--namespace", help="namespace (KCACHE_NAMESPACE, default 'default')")
+        return p
 
     serve = sub.add_parser("serve", help="run the cache service (embedded default: files + SQLite)")
     serve.add_argument("--host", default=None, help="bind address (default 127.0.0.1; KCACHE_HOST)")
@@ -27,13 +168,41 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--workers", type=int, default=None, help="worker processes (default 1)")
     serve.add_argument("--log-level", default=None, help="debug|info|warning (default info)")
     serve.set_defaults(func=_serve)
+
+    push = remote(sub.add_parser("push", help="upload every complete kernel dir of a Triton cache dir"))
+    push.add_argument("dir", nargs="?", help="Triton cache dir (default: $TRITON_CACHE_DIR or ~/.triton/cache)")
+    push.set_defaults(func=_push)
+
+    pull = remote(sub.add_parser("pull", help="download kernels and emit them into a Triton cache dir"))
+    pull.add_argument("keys", nargs="*", metavar="KEY")
+    pull.add_argument("--all", action="store_true", help="every kernel in the namespace")
+    pull.add_argument("--dest", help="Triton cache dir (default: $TRITON_CACHE_DIR or ~/.triton/cache)")
+    pull.add_argument("--no-target-check", action="store_true", help="emit kernels for other GPUs too")
+    pull.set_defaults(func=_pull)
+
+    ls = remote(sub.add_parser("ls", help="list kernels in the namespace"))
+    ls.add_argument("--prefix", help="key prefix")
+    ls.add_argument("--json", action="store_true")
+    ls.set_defaults(func=_ls)
+
+    inspect = remote(sub.add_parser("inspect", help="show a kernel's manifest, target, sizes and files"))
+    inspect.add_argument("key")
+    inspect.add_argument("--json", action="store_true")
+    inspect.set_defaults(func=_inspect)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return int(args.func(args))
+    try:
+        return int(args.func(args))
+    except KcacheError as exc:
+        print(f"kcache: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
 
 
 if __name__ == "__main__":
+    os.environ.setdefault("KCACHE_AUTOLOAD", "0")
     raise SystemExit(main())

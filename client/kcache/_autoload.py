@@ -1,0 +1,67 @@
+"""Zero-code activation, run from ``kcache_autoload.pth`` at every interpreter start.
+
+It must cost next to nothing when kcache is not wanted: with ``KCACHE_URL`` unset it returns
+after one dict lookup. With it set, it adds an import hook that installs kcache right after
+``torch._inductor.triton_bundler`` is first imported (i.e. when Inductor is used), so scripts
+that never compile pay nothing more and no torch import is triggered early.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from importlib.abc import Loader, MetaPathFinder
+from importlib.machinery import ModuleSpec
+from types import ModuleType
+from typing import Any
+
+TRIGGER = "torch._inductor.triton_bundler"
+
+
+class _Trigger(MetaPathFinder):
+    def find_spec(self, fullname: str, path: Any, target: ModuleType | None = None) -> ModuleSpec | None:
+        if fullname != TRIGGER:
+            return None
+        sys.meta_path.remove(self)  # one-shot; also keeps the lookup below from recursing
+        import importlib.util
+
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None:
+            return spec
+        spec.loader = _ActivateAfter(spec.loader)
+        return spec
+
+
+class _ActivateAfter(Loader):
+    def __init__(self, inner: Loader) -> None:
+        self._inner = inner
+
+    def create_module(self, spec: ModuleSpec) -> ModuleType | None:
+        return self._inner.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        self._inner.exec_module(module)
+        try:
+            import kcache
+
+            kcache.install()
+        except Exception:
+            import logging
+
+            logging.getLogger("kcache").warning("kcache: automatic activation failed", exc_info=True)
+
+
+def _main() -> None:
+    if not os.environ.get("KCACHE_URL") or os.environ.get("KCACHE_MODE") == "off":
+        return
+    if os.environ.get("KCACHE_AUTOLOAD", "1") == "0":
+        return
+    if TRIGGER in sys.modules:
+        import kcache
+
+        kcache.install()
+        return
+    sys.meta_path.insert(0, _Trigger())
+
+
+_main()

@@ -1,0 +1,192 @@
+"""The verified atomic emitter: writes kernel dirs into a Triton cache dir safely.
+
+Guarantees (DESIGN.md, "the emitter"):
+
+* Nothing is written before the whole pack verified (names, sizes, sha256, group file form).
+* The dir is staged complete in ``<cache>/tmp.kcache.<uuid>`` (same filesystem), ``[REPLACE]``
+  substituted, the group file written last, then ``os.replace``-d into place: readers see a whole
+  kernel dir or none (no cubin of one writer with metadata of another: vllm#52413, triton#11319).
+* An existing complete, valid dir wins. An incomplete or corrupt one is renamed to
+  ``quarantine.<key>.<uuid>`` and replaced. N processes emitting one kernel at once leave exactly
+  one intact dir; correctness never depends on a lock (huggingface_hub's habit).
+* Paths come only from the validated 52-char key and validated file names: a pack cannot make
+  us write outside the cache dir.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import errno
+import hashlib
+import json
+import logging
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+
+from kcache_schemas import KernelManifest, PackError, PackLimits, normalize_kernel_key
+from kcache_schemas.pack import check_kernel_files, read_pack, substitute_dir
+
+from kcache.dirs import local_target, target_matches
+
+log = logging.getLogger("kcache.emitter")
+
+STAGING_PREFIX = "tmp.kcache."
+QUARANTINE_PREFIX = "quarantine."
+_STALE_AFTER_S = 3600.0
+# Triton's FileCacheManager creates the kernel dir first and writes the group file last. A dir
+# without a group file younger than this may be a compile in progress: moving it would break that
+# compile, so we leave it alone (it will become complete by itself).
+_IN_PROGRESS_S = 120.0
+_cleaned: set[str] = set()
+
+
+class EmitOutcome(str, enum.Enum):
+    EMITTED = "emitted"  # we wrote the dir
+    EXISTING = "existing"  # a complete, valid dir was already there (kept)
+    REPAIRED = "repaired"  # a corrupt/incomplete dir was quarantined and replaced
+    SKIPPED_TARGET = "skipped_target"  # built for another GPU than the local one
+    BUSY = "busy"  # a young dir without its group file: a local compile is still writing it
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def is_complete(kernel_dir: Path, manifest: KernelManifest) -> bool:
+    """Would Triton load this dir, and does it hold this kernel's binaries?
+
+    The group file must parse and list every child at its path inside this dir, each present.
+    Non-JSON files must match the manifest's sha256 (a corrupt cubin is caught). JSON files need
+    only parse: a locally compiled dir legitimately differs in machine-local fields
+    (e.g. ``extern_libs`` paths) and is as good as ours.
+    """
+    try:
+        group = json.loads((kernel_dir / manifest.group_file).read_bytes())
+        children = group["child_paths"]
+        expected = {f.name for f in manifest.files} - {manifest.group_file}
+        if set(children) != expected:
+            return False
+        for child, path in children.items():
+            if Path(path) != kernel_dir / child or not os.path.isfile(path):
+                return False
+        for f in manifest.files:
+            data = (kernel_dir / f.name).read_bytes()
+            if f.name.endswith(".json"):
+                json.loads(data)
+            elif _sha256(data) != f.sha256:
+                return False
+        return True
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
+
+
+def _maybe_in_progress(kernel_dir: Path, manifest: KernelManifest) -> bool:
+    try:
+        young = time.time() - kernel_dir.stat().st_mtime < _IN_PROGRESS_S
+    except OSError:
+        return False
+    return young and not (kernel_dir / manifest.group_file).exists()
+
+
+def _quarantine(cache_dir: Path, kernel_dir: Path, key: str) -> None:
+    dest = cache_dir / f"{QUARANTINE_PREFIX}{key}.{uuid.uuid4().hex[:12]}"
+    with contextlib.suppress(FileNotFoundError):  # someone else moved it first: fine
+        os.rename(kernel_dir, dest)
+        log.warning("kcache: quarantined incomplete or corrupt kernel dir %s -> %s", kernel_dir, dest.name)
+
+
+def clean_stale(cache_dir: Path, older_than_s: float = _STALE_AFTER_S) -> int:
+    """Remove staging dirs (ours and Inductor's ``tmp.<uuid>``) and quarantined dirs left by
+    crashed writers. Only old ones: a young one may belong to a writer still running."""
+    removed = 0
+    cutoff = time.time() - older_than_s
+    try:
+        entries = list(os.scandir(cache_dir))
+    except OSError:
+        return 0
+    for entry in entries:
+        if not (entry.name.startswith("tmp.") or entry.name.startswith(QUARANTINE_PREFIX)):
+            continue
+        try:
+            if entry.is_dir(follow_symlinks=False) and entry.stat(follow_symlinks=False).st_mtime < cutoff:
+                shutil.rmtree(entry.path, ignore_errors=True)
+                removed += 1
+        except OSError:
+            continue
+    return removed
+
+
+def emit_files(
+    cache_dir: str | os.PathLike[str],
+    manifest: KernelManifest,
+    files: Mapping[str, bytes],
+    *,
+    check_target: bool = True,
+    verified: bool = False,
+) -> EmitOutcome:
+    """Emit one kernel dir whose files are in ``[REPLACE]`` form. Raises PackError if unsafe."""
+    if not verified:
+        check_kernel_files(manifest, files)
+    key = normalize_kernel_key(manifest.key)  # 52 chars of [A-Z2-7]: safe as a path component
+    if check_target and not target_matches(manifest.target, local_target()):
+        return EmitOutcome.SKIPPED_TARGET
+    cache = Path(cache_dir)
+    cache.mkdir(parents=True, exist_ok=True)
+    if str(cache) not in _cleaned:
+        _cleaned.add(str(cache))
+        clean_stale(cache)
+    final = cache / key
+
+    repaired = False
+    if final.exists():
+        if is_complete(final, manifest):
+            return EmitOutcome.EXISTING
+        if _maybe_in_progress(final, manifest):
+            return EmitOutcome.BUSY
+        _quarantine(cache, final, key)
+        repaired = True
+
+    staging = cache / f"{STAGING_PREFIX}{uuid.uuid4().hex}"
+    staging.mkdir()
+    try:
+        contents = substitute_dir(files, str(final))
+        for f in manifest.files:  # manifest order; the group file last
+            if f.name != manifest.group_file:
+                (staging / f.name).write_bytes(contents[f.name])
+        (staging / manifest.group_file).write_bytes(contents[manifest.group_file])
+        for _attempt in range(3):
+            try:
+                os.rename(staging, final)  # atomic; fails if a non-empty dir is already there
+                return EmitOutcome.REPAIRED if repaired else EmitOutcome.EMITTED
+            except OSError as exc:
+                if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                    raise
+            # A concurrent writer got there first. Theirs wins if it is whole.
+            if is_complete(final, manifest):
+                return EmitOutcome.EXISTING
+            _quarantine(cache, final, key)
+            repaired = True
+        raise OSError(f"could not place {final}: it keeps being replaced by incomplete dirs")
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def emit_pack(
+    cache_dir: str | os.PathLike[str],
+    pack: bytes,
+    *,
+    expected_key: str | None = None,
+    check_target: bool = True,
+    limits: PackLimits = PackLimits(),
+) -> EmitOutcome:
+    """Verify pack bytes (from a server we do not trust) and emit the kernel dir."""
+    manifest, files = read_pack(pack, limits)
+    if expected_key is not None and manifest.key != normalize_kernel_key(expected_key):
+        raise PackError(f"asked for kernel {expected_key} but the pack holds {manifest.key}")
+    return emit_files(cache_dir, manifest, files, check_target=check_target, verified=True)

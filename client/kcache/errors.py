@@ -1,0 +1,64 @@
+"""Client exceptions and the one mapping from the service's error codes to them
+(huggingface_hub's ``hf_raise_for_status`` habit)."""
+
+from __future__ import annotations
+
+import httpx
+from kcache_schemas import ErrorCode
+
+
+class KcacheError(Exception):
+    """Base of every kcache client error."""
+
+
+class ServiceUnavailable(KcacheError):
+    """The service could not be reached, timed out, answered 5xx, or the breaker is open.
+
+    Counted as an *error*, never as a miss: a degraded cache must not pose as a cold one.
+    """
+
+
+class NotFound(KcacheError):
+    """The service has no such kernel or entry (a miss)."""
+
+
+class Conflict(KcacheError):
+    """Write-once: the service holds different content under this key."""
+
+
+class AuthError(KcacheError):
+    """The token is missing, unknown, or lacks the scope."""
+
+
+class BadRequest(KcacheError):
+    """The service refused what we sent (invalid key or pack, too large)."""
+
+
+class InvalidPack(KcacheError):
+    """A pack from the service failed verification; nothing was written."""
+
+
+_BY_CODE: dict[str, type[KcacheError]] = {
+    ErrorCode.NOT_FOUND.value: NotFound,
+    ErrorCode.CONFLICT.value: Conflict,
+    ErrorCode.UNAUTHORIZED.value: AuthError,
+    ErrorCode.FORBIDDEN.value: AuthError,
+    ErrorCode.BACKEND_UNAVAILABLE.value: ServiceUnavailable,
+}
+
+
+def raise_for_status(response: httpx.Response) -> None:
+    if response.is_success or response.is_redirect:
+        return
+    code, message = "", response.text[:300]
+    try:
+        err = response.json()["error"]
+        code, message = str(err["code"]), str(err["message"])
+    except Exception:
+        pass
+    if response.status_code >= 500:
+        raise ServiceUnavailable(f"HTTP {response.status_code}: {message}")
+    exc = _BY_CODE.get(code)
+    if exc is None:
+        exc = {404: NotFound, 409: Conflict, 401: AuthError, 403: AuthError}.get(response.status_code, BadRequest)
+    raise exc(f"HTTP {response.status_code} {code}: {message}")

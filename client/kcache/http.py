@@ -1,0 +1,185 @@
+"""The HTTP client for the kcache service: deadlines, bounded retries, a circuit breaker.
+
+Every method raises a :mod:`kcache.errors` exception; callers on the compile path go through
+:mod:`kcache.runtime`, which turns those into counted misses/errors and never lets one escape.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+import time
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import httpx
+from kcache_schemas import EntryInfo, KernelEntry
+from kcache_schemas.pack import MEDIA_TYPE
+
+from kcache import __version__
+from kcache.breaker import CircuitBreaker
+from kcache.config import ClientConfig
+from kcache.errors import NotFound, ServiceUnavailable, raise_for_status
+
+_MISSING_BATCH = 5_000
+_BATCH_GET = 1_000
+
+
+class _ByteStream(io.RawIOBase):
+    """File-like view over an iterator of chunks, so tarfile can stream an HTTP body."""
+
+    def __init__(self, chunks: Iterator[bytes]) -> None:
+        self._chunks, self._buf = chunks, b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: bytearray | memoryview) -> int:  # type: ignore[override]
+        while not self._buf:
+            try:
+                self._buf = next(self._chunks)
+            except StopIteration:
+                return 0
+        n = min(len(b), len(self._buf))
+        b[:n], self._buf = self._buf[:n], self._buf[n:]
+        return n
+
+
+class KcacheClient:
+    def __init__(self, config: ClientConfig, transport: httpx.BaseTransport | None = None) -> None:
+        if not config.url:
+            raise ValueError("KcacheClient needs a service URL (KCACHE_URL)")
+        self.config = config
+        self.breaker = CircuitBreaker(config.breaker_failures, config.breaker_reset_s)
+        headers = {"User-Agent": f"kcache/{__version__}"}
+        if config.token:
+            headers["Authorization"] = f"Bearer {config.token}"
+        self._http = httpx.Client(
+            base_url=config.url.rstrip("/"),
+            headers=headers,
+            timeout=httpx.Timeout(config.read_timeout_s, connect=config.connect_timeout_s),
+            limits=httpx.Limits(max_connections=16, max_keepalive_connections=8),
+            follow_redirects=True,  # presigned S3 downloads; httpx drops Authorization cross-origin
+            transport=transport,
+        )
+        self._ns = config.namespace
+
+    def close(self) -> None:
+        self._http.close()
+
+    # ---- transport ------------------------------------------------------------------------
+
+    def _request(self, method: str, path: str, *, idempotent: bool = True, **kwargs: Any) -> httpx.Response:
+        if not self.breaker.allow():
+            raise ServiceUnavailable("circuit breaker open: the service failed recently; not calling it")
+        attempts = 1 + (max(0, self.config.retries) if idempotent else 0)
+        last: ServiceUnavailable | None = None
+        for attempt in range(attempts):
+            try:
+                response = self._http.request(method, path, **kwargs)
+            except httpx.TransportError as exc:  # connect/read timeouts, refused, reset
+                last = ServiceUnavailable(f"{method} {path}: {type(exc).__name__}: {exc}")
+            else:
+                if response.status_code < 500:
+                    self.breaker.success()
+                    raise_for_status(response)
+                    return response
+                last = ServiceUnavailable(f"{method} {path}: HTTP {response.status_code}")
+            if attempt + 1 < attempts:
+                time.sleep(0.05 * (2**attempt))
+        self.breaker.failure()
+        assert last is not None
+        raise last
+
+    # ---- kernels --------------------------------------------------------------------------
+
+    def get_pack(self, key: str) -> bytes:
+        return self._request("GET", f"/v1/{self._ns}/kernels/{key}").content
+
+    def put_pack(self, key: str, pack: bytes) -> bool:
+        """Upload; True if newly stored, False if identical content was already there."""
+        r = self._request("PUT", f"/v1/{self._ns}/kernels/{key}", content=pack, headers={"Content-Type": MEDIA_TYPE})
+        return r.status_code == 201
+
+    def manifest(self, key: str) -> KernelEntry:
+        return KernelEntry.model_validate_json(self._request("GET", f"/v1/{self._ns}/kernels/{key}/manifest").content)
+
+    def exists(self, key: str) -> bool:
+        try:
+            self._request("HEAD", f"/v1/{self._ns}/kernels/{key}")
+            return True
+        except NotFound:
+            return False
+
+    def missing(self, keys: Iterable[str]) -> list[str]:
+        keys = list(dict.fromkeys(keys))
+        out: list[str] = []
+        for i in range(0, len(keys), _MISSING_BATCH):
+            r = self._request("POST", f"/v1/{self._ns}/kernels:missing", json={"keys": keys[i : i + _MISSING_BATCH]})
+            body = r.json()
+            out += body["missing"] + body.get("invalid", [])
+        return out
+
+    def batch_get(self, keys: Iterable[str]) -> Iterator[tuple[str, bytes]]:
+        """Yield ``(key, pack)`` for each stored key, streaming many packs per request."""
+        keys = list(dict.fromkeys(keys))
+        for i in range(0, len(keys), _BATCH_GET):
+            if not self.breaker.allow():
+                raise ServiceUnavailable("circuit breaker open")
+            try:
+                with self._http.stream("POST", f"/v1/{self._ns}/kernels:batch-get", json={"keys": keys[i : i + _BATCH_GET]}) as r:
+                    if r.status_code >= 400:
+                        r.read()
+                        raise_for_status(r)
+                    with tarfile.open(fileobj=io.BufferedReader(_ByteStream(r.iter_raw()), 1 << 20), mode="r|") as tf:
+                        for member in tf:
+                            fh = tf.extractfile(member)
+                            if fh is None or not member.name.endswith(".kpack"):
+                                continue
+                            yield member.name[: -len(".kpack")], fh.read()
+                self.breaker.success()
+            except httpx.TransportError as exc:
+                self.breaker.failure()
+                raise ServiceUnavailable(f"batch-get: {type(exc).__name__}: {exc}") from exc
+            except tarfile.TarError as exc:
+                self.breaker.failure()
+                raise ServiceUnavailable(f"batch-get: malformed stream: {exc}") from exc
+
+    def list_kernels(self, prefix: str = "", page_size: int = 500) -> Iterator[KernelEntry]:
+        cursor = ""
+        while True:
+            r = self._request("GET", f"/v1/{self._ns}/kernels", params={"limit": page_size, "cursor": cursor, "prefix": prefix})
+            body = r.json()
+            for item in body["items"]:
+                yield KernelEntry.model_validate(item)
+            cursor = body.get("next_cursor") or ""
+            if not cursor:
+                return
+
+    # ---- opaque entries -------------------------------------------------------------------
+
+    def get_entry(self, layer: str, key: str) -> tuple[bytes, float | None]:
+        """Entry bytes and the producer's compile time (for "time saved"), or NotFound."""
+        r = self._request("GET", f"/v1/{self._ns}/entries/{layer}/{key}")
+        compile_time = r.headers.get("X-Kcache-Compile-Time")
+        return r.content, float(compile_time) if compile_time else None
+
+    def put_entry(self, layer: str, key: str, data: bytes, compile_time_s: float | None = None) -> bool:
+        headers = {"Content-Type": "application/octet-stream", "X-Kcache-Producer": f"kcache/{__version__}"}
+        if compile_time_s is not None:
+            headers["X-Kcache-Compile-Time"] = f"{compile_time_s:.3f}"
+        r = self._request("PUT", f"/v1/{self._ns}/entries/{layer}/{key}", content=data, headers=headers)
+        return r.status_code == 201
+
+    def entry_info(self, layer: str, key: str) -> EntryInfo:
+        return EntryInfo.model_validate_json(self._request("GET", f"/v1/{self._ns}/entries/{layer}/{key}/info").content)
+
+    # ---- generic JSON (workloads, runs) ---------------------------------------------------
+
+    def get_json(self, path: str, **params: Any) -> Any:
+        return self._request("GET", path, params=params or None).json()
+
+    def post_json(self, path: str, body: Any) -> Any:
+        r = self._request("POST", path, content=json.dumps(body), headers={"Content-Type": "application/json"})
+        return r.json() if r.content else None

@@ -1,0 +1,134 @@
+"""Background uploads: never on the compile path.
+
+A bounded queue feeds one daemon thread. Kernels are checked with one ``kernels:missing`` call per
+batch so only what the service lacks is packed (zstd, off the compile thread) and sent. When the
+queue is full new work is dropped and counted rather than blocking a compile. At exit, ``flush``
+waits at most ``flush_timeout_s``.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from kcache_schemas import PackError, Producer
+from kcache_schemas.pack import build_pack, manifest_for_files
+
+from kcache.errors import Conflict, KcacheError
+from kcache.http import KcacheClient
+from kcache.stats import Stats
+
+log = logging.getLogger("kcache.uploader")
+_BATCH = 64
+
+
+@dataclass(frozen=True)
+class KernelUpload:
+    key: str
+    files: Mapping[str, bytes]  # [REPLACE] form
+    producer: Producer
+
+
+@dataclass(frozen=True)
+class EntryUpload:
+    layer: str
+    key: str
+    data: bytes
+    compile_time_s: float | None
+
+
+class Uploader:
+    def __init__(self, client: KcacheClient, stats: Stats, maxsize: int, on_uploaded: Callable[[str], None] | None = None) -> None:
+        self._client, self._stats = client, stats
+        self._queue: queue.Queue[KernelUpload | EntryUpload] = queue.Queue(maxsize=maxsize)
+        self._seen: set[tuple[str, str]] = set()
+        self._seen_lock = threading.Lock()
+        self._on_uploaded = on_uploaded
+        self._thread = threading.Thread(target=self._run, name="kcache-uploader", daemon=True)
+        self._thread.start()
+
+    def submit(self, item: KernelUpload | EntryUpload) -> bool:
+        ident = ("kernel", item.key) if isinstance(item, KernelUpload) else (item.layer, item.key)
+        with self._seen_lock:
+            if ident in self._seen:
+                return False  # already queued or sent by this process
+            self._seen.add(ident)
+        try:
+            self._queue.put_nowait(item)
+            return True
+        except queue.Full:
+            self._stats.put_error("kernel" if isinstance(item, KernelUpload) else item.layer, "queue_full")
+            return False
+
+    def flush(self, timeout_s: float) -> bool:
+        """Wait until everything queued is sent (True) or ``timeout_s`` passes (False)."""
+        deadline = time.monotonic() + timeout_s
+        with self._queue.all_tasks_done:
+            while self._queue.unfinished_tasks:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._queue.all_tasks_done.wait(left)
+        return True
+
+    def _run(self) -> None:
+        while True:
+            batch = [self._queue.get()]
+            while len(batch) < _BATCH:
+                try:
+                    batch.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            try:
+                self._send(batch)
+            except Exception:
+                log.debug("kcache: upload batch failed", exc_info=True)
+            finally:
+                for _ in batch:
+                    self._queue.task_done()
+
+    def _send(self, batch: list[KernelUpload | EntryUpload]) -> None:
+        kernels = [i for i in batch if isinstance(i, KernelUpload)]
+        entries = [i for i in batch if isinstance(i, EntryUpload)]
+        if kernels:
+            try:
+                missing = set(self._client.missing([k.key for k in kernels]))
+            except KcacheError as exc:
+                for _ in kernels:
+                    self._stats.put_error("kernel", type(exc).__name__)
+                kernels = []
+            else:
+                kernels = [k for k in kernels if k.key in missing]
+        for k in kernels:
+            self._put_kernel(k)
+        for e in entries:
+            try:
+                self._client.put_entry(e.layer, e.key, e.data, e.compile_time_s)
+                self._stats.put(e.layer, len(e.data))
+            except Conflict:
+                pass  # write-once: someone stored this key first; theirs stands
+            except KcacheError as exc:
+                self._stats.put_error(e.layer, type(exc).__name__)
+
+    def _put_kernel(self, item: KernelUpload) -> None:
+        try:
+            manifest = manifest_for_files(item.key, item.files, item.producer)
+        except PackError as exc:
+            # e.g. a dir whose paths could not be made path-free: not portable, so not shared.
+            log.debug("kcache: not uploading %s: %s", item.key, exc)
+            self._stats.put_error("kernel", "unportable")
+            return
+        pack = build_pack(manifest, item.files)
+        try:
+            self._client.put_pack(item.key, pack)
+            self._stats.put("kernel", len(pack))
+            if self._on_uploaded:
+                self._on_uploaded(item.key)
+        except Conflict:
+            pass
+        except KcacheError as exc:
+            self._stats.put_error("kernel", type(exc).__name__)
