@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from kcache_schemas import KernelManifest, PackError, PackLimits, normalize_kernel_key
-from kcache_schemas.pack import check_kernel_files, read_pack, substitute_dir
+from kcache_schemas.pack import DEFAULT_LIMITS, check_kernel_files, read_pack, substitute_dir
 
 from kcache.dirs import local_target, target_matches
 
@@ -183,7 +183,7 @@ def emit_pack(
     *,
     expected_key: str | None = None,
     check_target: bool = True,
-    limits: PackLimits = PackLimits(),
+    limits: PackLimits = DEFAULT_LIMITS,
 ) -> EmitOutcome:
     """Verify pack bytes (from a server we do not trust) and emit the kernel dir."""
     manifest, files = read_pack(pack, limits)

@@ -59,6 +59,9 @@ class PackLimits:
     max_files: int = 64
 
 
+DEFAULT_LIMITS = PackLimits()
+
+
 def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
@@ -211,7 +214,7 @@ class _CappedReader(io.RawIOBase):
 
 
 def read_pack(
-    data: bytes, limits: PackLimits = PackLimits()
+    data: bytes, limits: PackLimits = DEFAULT_LIMITS
 ) -> tuple[KernelManifest, dict[str, bytes]]:
     """Parse and fully verify pack bytes; every problem is a :class:`PackError`."""
     cap = limits.max_unpacked_bytes + limits.max_manifest_bytes
