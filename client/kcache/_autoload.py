@@ -56,12 +56,34 @@ def _main() -> None:
         return
     if os.environ.get("KCACHE_AUTOLOAD", "1") == "0":
         return
+    # Triton looks up its cache manager per compile; set it now so that Triton users without
+    # Inductor (vLLM, hand-written kernels) get kcache too. Inert unless KCACHE_URL is set.
+    if os.environ.get("KCACHE_TRITON_MANAGER", "1") != "0":
+        os.environ.setdefault("TRITON_CACHE_MANAGER", "kcache.triton_manager:KcacheCacheManager")
+    if os.environ.get("KCACHE_WORKLOAD"):
+        # Start prefetching now, in the background, so downloads overlap imports and model
+        # construction. The thread does the (heavier) imports itself.
+        import threading
+
+        threading.Thread(target=_start_prefetch, name="kcache-start", daemon=True).start()
     if TRIGGER in sys.modules:
         import kcache
 
         kcache.install()
         return
     sys.meta_path.insert(0, _Trigger())
+
+
+def _start_prefetch() -> None:
+    try:
+        from kcache.activation import ensure_runtime
+        from kcache.config import ClientConfig
+
+        ensure_runtime(ClientConfig.from_env())
+    except Exception:
+        import logging
+
+        logging.getLogger("kcache").warning("kcache: workload prefetch could not start", exc_info=True)
 
 
 _main()

@@ -2,28 +2,50 @@
 
 from __future__ import annotations
 
+import importlib.util
 import logging
+import os
 import sys
 from typing import Any
 
 from kcache.config import ClientConfig
-from kcache.runtime import get_runtime, start_runtime, stop_runtime
+from kcache.runtime import ensure_runtime, stop_runtime
 
 log = logging.getLogger("kcache")
+TRITON_MANAGER = "kcache.triton_manager:KcacheCacheManager"
+
+
+def use_triton_manager() -> None:
+    """Route Triton's cache lookups through kcache's tiered manager unless the user chose one.
+
+    Set in the environment so Inductor's compile worker processes inherit it."""
+    if os.environ.get("KCACHE_TRITON_MANAGER", "1") != "0":
+        os.environ.setdefault("TRITON_CACHE_MANAGER", TRITON_MANAGER)
 
 
 def activate(**overrides: Any) -> bool:
     config = ClientConfig.from_env(**overrides)
     if not config.enabled:
         return False
-    rt = start_runtime(config)
-    if "torch" in sys.modules or _torch_importable():
+    # Explicit install() arguments must reach Inductor's compile workers too.
+    for name in ("url", "token", "namespace", "mode"):
+        if overrides.get(name) is not None:
+            os.environ[f"KCACHE_{name.upper()}"] = str(overrides[name])
+    rt = ensure_runtime(config)
+    use_triton_manager()
+    if "torch" in sys.modules or importlib.util.find_spec("torch") is not None:
         try:
             from kcache.bundler_hooks import install_bundler_hooks
 
             install_bundler_hooks(rt)
         except Exception as exc:
             rt.warn_once("could not hook TritonBundler", exc)
+        try:
+            from kcache.remote_cache import install_remote_caches
+
+            install_remote_caches(rt)
+        except Exception as exc:
+            rt.warn_once("could not serve Inductor's remote caches", exc)
     return True
 
 
@@ -32,13 +54,10 @@ def deactivate() -> None:
         from kcache.bundler_hooks import uninstall_bundler_hooks
 
         uninstall_bundler_hooks()
+    if "kcache.remote_cache" in sys.modules:
+        from kcache.remote_cache import uninstall_remote_caches
+
+        uninstall_remote_caches()
+    if os.environ.get("TRITON_CACHE_MANAGER") == TRITON_MANAGER:
+        del os.environ["TRITON_CACHE_MANAGER"]
     stop_runtime()
-
-
-def _torch_importable() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("torch") is not None
-
-
-__all__ = ["activate", "deactivate", "get_runtime"]

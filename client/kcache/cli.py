@@ -122,6 +122,37 @@ def _pull(args: argparse.Namespace) -> int:
     return 0 if (emitted or not keys) and not bad else 1
 
 
+def _warm(args: argparse.Namespace) -> int:
+    """Prefetch a workload ahead of time (container entrypoint, image build): kernels into the
+    Triton cache dir, entries into kcache's local tier, so the job itself needs no network."""
+    from kcache.dirs import triton_cache_dir
+    from kcache.fingerprint import current
+    from kcache.local_store import LocalEntryStore, default_dir
+    from kcache.workload import fetch_view, pull_workload
+
+    client = _client(args)
+    view = fetch_view(client, args.workload)
+    if view is None:
+        print(f"kcache warm: no workload {args.workload!r} in namespace {client.config.namespace!r}", file=sys.stderr)
+        return 1
+    if view.runs == 0:
+        known = "; ".join(fp.describe() for fp in view.other_fingerprints)
+        print(f"kcache warm: workload {args.workload!r} has no runs for this environment ({current().describe()}); it has: {known}", file=sys.stderr)
+        return 1
+    dest = Path(args.dest) if args.dest else triton_cache_dir()
+    local = LocalEntryStore(Path(args.local_dir) if args.local_dir else default_dir(), client.config.namespace)
+    import time
+
+    t0 = time.perf_counter()
+    counts = pull_workload(client, view, dest, local, check_target=not args.no_target_check)
+    print(
+        f"warmed {args.workload}: {counts['kernels']}/{len(view.kernels)} kernels ({counts['kernel_bytes'] / 1e6:.1f} MB) into {dest}, "
+        f"{counts['entries']}/{len(view.entries)} entries ({counts['entry_bytes'] / 1e6:.1f} MB) into {local.root}, "
+        f"{counts['refused']} refused, in {time.perf_counter() - t0:.2f}s"
+    )
+    return 0 if counts["refused"] == 0 else 1
+
+
 def _ls(args: argparse.Namespace) -> int:
     client = _client(args)
     entries = list(client.list_kernels(prefix=args.prefix or ""))
@@ -179,6 +210,13 @@ def build_parser() -> argparse.ArgumentParser:
     pull.add_argument("--dest", help="Triton cache dir (default: $TRITON_CACHE_DIR or ~/.triton/cache)")
     pull.add_argument("--no-target-check", action="store_true", help="emit kernels for other GPUs too")
     pull.set_defaults(func=_pull)
+
+    warm = remote(sub.add_parser("warm", help="prefetch a workload's kernels and cache entries ahead of time"))
+    warm.add_argument("workload")
+    warm.add_argument("--dest", help="Triton cache dir (default: $TRITON_CACHE_DIR or ~/.triton/cache)")
+    warm.add_argument("--local-dir", help="kcache's local entry tier (default: $KCACHE_LOCAL_DIR or ~/.cache/kcache/client)")
+    warm.add_argument("--no-target-check", action="store_true", help="emit kernels for other GPUs too")
+    warm.set_defaults(func=_warm)
 
     ls = remote(sub.add_parser("ls", help="list kernels in the namespace"))
     ls.add_argument("--prefix", help="key prefix")

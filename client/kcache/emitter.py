@@ -85,6 +85,23 @@ def is_complete(kernel_dir: Path, manifest: KernelManifest) -> bool:
         return False
 
 
+def _is_empty(path: Path) -> bool:
+    try:
+        return not any(os.scandir(path))
+    except OSError:
+        return False
+
+
+def _judge_existing(cache: Path, final: Path, manifest: KernelManifest) -> EmitOutcome | None:
+    """EXISTING (keep it), BUSY (leave it), or None after quarantining it (replace it)."""
+    if is_complete(final, manifest):
+        return EmitOutcome.EXISTING
+    if _maybe_in_progress(final, manifest):
+        return EmitOutcome.BUSY
+    _quarantine(cache, final, manifest.key)
+    return None
+
+
 def _maybe_in_progress(kernel_dir: Path, manifest: KernelManifest) -> bool:
     try:
         young = time.time() - kernel_dir.stat().st_mtime < _IN_PROGRESS_S
@@ -143,12 +160,12 @@ def emit_files(
     final = cache / key
 
     repaired = False
-    if final.exists():
-        if is_complete(final, manifest):
-            return EmitOutcome.EXISTING
-        if _maybe_in_progress(final, manifest):
-            return EmitOutcome.BUSY
-        _quarantine(cache, final, key)
+    # An empty dir (Triton's FileCacheManager creates the dir before it looks for the group) is
+    # simply replaced by the rename below; anything else is judged first.
+    if final.exists() and not _is_empty(final):
+        verdict = _judge_existing(cache, final, manifest)
+        if verdict is not None:
+            return verdict
         repaired = True
 
     staging = cache / f"{STAGING_PREFIX}{uuid.uuid4().hex}"
@@ -166,10 +183,10 @@ def emit_files(
             except OSError as exc:
                 if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
                     raise
-            # A concurrent writer got there first. Theirs wins if it is whole.
-            if is_complete(final, manifest):
-                return EmitOutcome.EXISTING
-            _quarantine(cache, final, key)
+            # A concurrent writer got there first. Theirs wins if it is whole (or still growing).
+            verdict = _judge_existing(cache, final, manifest)
+            if verdict is not None:
+                return verdict
             repaired = True
         raise OSError(f"could not place {final}: it keeps being replaced by incomplete dirs")
     finally:

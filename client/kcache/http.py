@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 from kcache_schemas import EntryInfo, KernelEntry
-from kcache_schemas.pack import MEDIA_TYPE
+from kcache_schemas.pack import DEFAULT_LIMITS, MEDIA_TYPE
 
 from kcache import __version__
 from kcache.breaker import CircuitBreaker
@@ -24,6 +24,12 @@ from kcache.errors import NotFound, ServiceUnavailable, raise_for_status
 
 _MISSING_BATCH = 5_000
 _BATCH_GET = 1_000
+# A slow body must still flow at this rate to earn time beyond the deadline (see _send).
+_MIN_RATE = 1 << 20
+# Nothing the service sends is larger than a pack at the client's own unpack limit.
+_MAX_BODY = DEFAULT_LIMITS.max_unpacked_bytes + (64 << 20)
+# Describe the wire encoding of the body, not the decoded bytes we hand on.
+_BODY_HEADERS = {"content-encoding", "content-length", "transfer-encoding"}
 
 
 class _ByteStream(io.RawIOBase):
@@ -77,8 +83,8 @@ class KcacheClient:
         last: ServiceUnavailable | None = None
         for attempt in range(attempts):
             try:
-                response = self._http.request(method, path, **kwargs)
-            except httpx.TransportError as exc:  # connect/read timeouts, refused, reset
+                response = self._send(method, path, **kwargs)
+            except httpx.HTTPError as exc:  # timeouts, refused, reset, undecodable body, redirect loop
                 last = ServiceUnavailable(f"{method} {path}: {type(exc).__name__}: {exc}")
             else:
                 if response.status_code < 500:
@@ -91,6 +97,31 @@ class KcacheClient:
         self.breaker.failure()
         assert last is not None
         raise last
+
+    def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """One attempt, body read under a total deadline and a size cap.
+
+        httpx's read timeout applies to each socket read, so a server that trickles a byte
+        every ``read_timeout_s - ε`` would hold a compile for hours. The body must arrive by
+        ``connect + read`` seconds after the request, stretched by ``bytes / _MIN_RATE`` for
+        bodies that really flow (large packs on a slow link).
+        """
+        deadline = time.monotonic() + self.config.connect_timeout_s + self.config.read_timeout_s
+        with self._http.stream(method, path, **kwargs) as r:
+            declared = r.headers.get("Content-Length", "")
+            if declared.isdigit() and int(declared) > _MAX_BODY:
+                raise httpx.RemoteProtocolError(f"response body of {declared} bytes exceeds {_MAX_BODY}", request=r.request)
+            chunks: list[bytes] = []
+            received = 0
+            for chunk in r.iter_bytes():
+                received += len(chunk)
+                if received > _MAX_BODY:
+                    raise httpx.RemoteProtocolError(f"response body exceeds {_MAX_BODY} bytes", request=r.request)
+                if time.monotonic() > deadline + received / _MIN_RATE:
+                    raise httpx.ReadTimeout(f"response body too slow ({received} bytes by the deadline)", request=r.request)
+                chunks.append(chunk)
+        headers = [(k, v) for k, v in r.headers.multi_items() if k.lower() not in _BODY_HEADERS]
+        return httpx.Response(r.status_code, headers=headers, content=b"".join(chunks), request=r.request)
 
     # ---- kernels --------------------------------------------------------------------------
 
@@ -179,6 +210,10 @@ class KcacheClient:
 
     def get_json(self, path: str, **params: Any) -> Any:
         return self._request("GET", path, params=params or None).json()
+
+    def put_json(self, path: str, body: str) -> Any:
+        r = self._request("PUT", path, content=body, headers={"Content-Type": "application/json"})
+        return r.json() if r.content else None
 
     def post_json(self, path: str, body: Any) -> Any:
         r = self._request("POST", path, content=json.dumps(body), headers={"Content-Type": "application/json"})

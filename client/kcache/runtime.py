@@ -9,20 +9,27 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import sys
 import threading
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kcache_schemas import KernelManifest, PackError, Producer
+
+if TYPE_CHECKING:
+    from kcache.workload import Prefetcher
 
 from kcache import __version__
 from kcache.config import ClientConfig
 from kcache.emitter import EmitOutcome, emit_files, emit_pack
 from kcache.errors import InvalidPack, KcacheError, NotFound
 from kcache.http import KcacheClient
+from kcache.local_store import LocalEntryStore, default_dir
+from kcache.signing import BadSignature, sign, verify
 from kcache.stats import Stats
-from kcache.uploader import EntryUpload, KernelUpload, Uploader
+from kcache.uploader import EntryUpload, KernelDirUpload, KernelUpload, Uploader
 
 log = logging.getLogger("kcache")
 KERNEL_LAYER = "kernel"
@@ -53,11 +60,28 @@ class Runtime:
         self._lock = threading.Lock()
         self._closed = False
         self._warned: set[str] = set()
+        self.local = LocalEntryStore(default_dir(), config.namespace)
+        secret = os.environ.get("KCACHE_SIGNING_KEY")
+        self._secret = secret.encode() if secret else None
+        self.prefetcher: Prefetcher | None = None
+        if self.client is not None and config.workload:
+            from kcache.workload import Prefetcher
+
+            self.prefetcher = Prefetcher(self.client, config.workload, self.local, config.check_target).start()
+
+    def miss_reason(self) -> str:
+        hint = self.prefetcher.miss_hint if self.prefetcher is not None else None
+        return hint or "not_found"
 
     def warn_once(self, what: str, exc: BaseException | None = None) -> None:
         if what not in self._warned:
             self._warned.add(what)
             log.warning("kcache: %s%s (kcache stays out of the way)", what, f": {exc}" if exc else "")
+
+    def _unexpected(self, layer: str, exc: Exception) -> None:
+        """A malformed answer (bad JSON, bad header) or a bug: an error, never into the compile."""
+        self.stats.error(layer, "unexpected")
+        self.warn_once(f"unexpected {type(exc).__name__} talking to the service", exc)
 
     # ---- kernels --------------------------------------------------------------------------
 
@@ -73,10 +97,13 @@ class Runtime:
             try:
                 pack = self.client.get_pack(key)
             except NotFound:
-                self.stats.miss(KERNEL_LAYER, "not_found")
+                self.stats.miss(KERNEL_LAYER, self.miss_reason())
                 return None
             except KcacheError as exc:
                 self.stats.error(KERNEL_LAYER, type(exc).__name__)
+                return None
+            except Exception as exc:
+                self._unexpected(KERNEL_LAYER, exc)
                 return None
             try:
                 outcome = emit_pack(cache_dir, pack, expected_key=key, check_target=self.config.check_target)
@@ -87,6 +114,9 @@ class Runtime:
             except OSError as exc:
                 self.stats.error(KERNEL_LAYER, "emit_failed")
                 self.warn_once(f"could not write into {cache_dir}", exc)
+                return None
+            except Exception as exc:
+                self._unexpected(KERNEL_LAYER, exc)
                 return None
         self._count_emit(outcome, len(pack))
         self.note_kernel(key)
@@ -104,6 +134,11 @@ class Runtime:
         else:
             self.stats.hit(KERNEL_LAYER, nbytes)
 
+    def upload_kernel_dir(self, key: str, path: Path) -> None:
+        self.note_kernel(key)
+        if self.uploader is not None:
+            self.uploader.submit(KernelDirUpload(key, path, producer_info()))
+
     def upload_kernel(self, key: str, files: Mapping[str, bytes], compile_time_s: float | None = None) -> None:
         self.note_kernel(key)
         if self.uploader is not None:
@@ -117,21 +152,38 @@ class Runtime:
         except KcacheError as exc:
             self.stats.error(KERNEL_LAYER, type(exc).__name__)
             return None
+        except Exception as exc:
+            self._unexpected(KERNEL_LAYER, exc)
+            return None
 
     # ---- opaque entries -------------------------------------------------------------------
 
     def get_entry(self, layer: str, key: str) -> bytes | None:
-        if self.client is None:
-            return None
+        """Local tier, then a promised prefetch, then the service. Verified if signing is on."""
         with self.stats.timed(layer):
-            try:
-                data, compile_time = self.client.get_entry(layer, key)
-            except NotFound:
-                self.stats.miss(layer, "not_found")
-                return None
-            except KcacheError as exc:
-                self.stats.error(layer, type(exc).__name__)
-                return None
+            data = self.local.get(layer, key)
+            if data is None and self.prefetcher is not None and self.prefetcher.wait_for(layer, key):
+                data = self.local.get(layer, key)
+            compile_time: float | None = None
+            if data is None:
+                if self.client is None:
+                    return None
+                try:
+                    data, compile_time = self.client.get_entry(layer, key)
+                except NotFound:
+                    self.stats.miss(layer, self.miss_reason())
+                    return None
+                except KcacheError as exc:
+                    self.stats.error(layer, type(exc).__name__)
+                    return None
+                self.local.put(layer, key, data)
+            if self._secret is not None:
+                try:
+                    data = verify(self._secret, layer, key, data)
+                except BadSignature as exc:
+                    self.warn_once(f"refused a {layer} entry: {exc}")
+                    self.stats.error(layer, "bad_signature")
+                    return None
         self.stats.hit(layer, len(data), compile_time or 0.0)
         with self._lock:
             self.used_entries.add((layer, key))
@@ -140,6 +192,8 @@ class Runtime:
     def put_entry(self, layer: str, key: str, data: bytes, compile_time_s: float | None = None) -> None:
         with self._lock:
             self.used_entries.add((layer, key))
+        if self._secret is not None:
+            data = sign(self._secret, layer, key, data)
         if self.uploader is not None:
             self.uploader.submit(EntryUpload(layer, key, data, compile_time_s))
 
@@ -151,6 +205,13 @@ class Runtime:
         self._closed = True
         if self.uploader is not None and not self.uploader.flush(self.config.flush_timeout_s):
             self.warn_once(f"uploads still pending after {self.config.flush_timeout_s}s at exit; dropped")
+        if self.client is not None and self.config.workload and self.config.can_write and (self.used_kernels or self.used_entries):
+            from kcache.workload import publish
+
+            try:
+                publish(self.client, self.config.workload, self.used_kernels, self.used_entries)
+            except KcacheError as exc:
+                self.stats.put_error("workload", type(exc).__name__)
         if self.client is not None:
             self.client.close()
 
@@ -166,6 +227,19 @@ def get_runtime() -> Runtime | None:
 def start_runtime(config: ClientConfig) -> Runtime:
     global _runtime
     with _runtime_lock:
+        if _runtime is not None:
+            _runtime.close()
+        _runtime = Runtime(config)
+        return _runtime
+
+
+def ensure_runtime(config: ClientConfig) -> Runtime:
+    """The running runtime if it has this config (e.g. started early by the workload
+    prefetcher), else a new one. Atomic, so concurrent starters share one runtime."""
+    global _runtime
+    with _runtime_lock:
+        if _runtime is not None and _runtime.config == config:
+            return _runtime
         if _runtime is not None:
             _runtime.close()
         _runtime = Runtime(config)

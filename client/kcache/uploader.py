@@ -14,9 +14,10 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from kcache_schemas import PackError, Producer
-from kcache_schemas.pack import build_pack, manifest_for_files
+from kcache_schemas.pack import build_pack, manifest_for_files, read_kernel_dir
 
 from kcache.errors import Conflict, KcacheError
 from kcache.http import KcacheClient
@@ -34,6 +35,15 @@ class KernelUpload:
 
 
 @dataclass(frozen=True)
+class KernelDirUpload:
+    """A kernel dir on disk, read in the uploader thread (not on the compile path)."""
+
+    key: str
+    path: Path
+    producer: Producer
+
+
+@dataclass(frozen=True)
 class EntryUpload:
     layer: str
     key: str
@@ -44,15 +54,15 @@ class EntryUpload:
 class Uploader:
     def __init__(self, client: KcacheClient, stats: Stats, maxsize: int, on_uploaded: Callable[[str], None] | None = None) -> None:
         self._client, self._stats = client, stats
-        self._queue: queue.Queue[KernelUpload | EntryUpload] = queue.Queue(maxsize=maxsize)
+        self._queue: queue.Queue[KernelUpload | KernelDirUpload | EntryUpload] = queue.Queue(maxsize=maxsize)
         self._seen: set[tuple[str, str]] = set()
         self._seen_lock = threading.Lock()
         self._on_uploaded = on_uploaded
         self._thread = threading.Thread(target=self._run, name="kcache-uploader", daemon=True)
         self._thread.start()
 
-    def submit(self, item: KernelUpload | EntryUpload) -> bool:
-        ident = ("kernel", item.key) if isinstance(item, KernelUpload) else (item.layer, item.key)
+    def submit(self, item: KernelUpload | KernelDirUpload | EntryUpload) -> bool:
+        ident = (item.layer, item.key) if isinstance(item, EntryUpload) else ("kernel", item.key)
         with self._seen_lock:
             if ident in self._seen:
                 return False  # already queued or sent by this process
@@ -61,7 +71,7 @@ class Uploader:
             self._queue.put_nowait(item)
             return True
         except queue.Full:
-            self._stats.put_error("kernel" if isinstance(item, KernelUpload) else item.layer, "queue_full")
+            self._stats.put_error(item.layer if isinstance(item, EntryUpload) else "kernel", "queue_full")
             return False
 
     def flush(self, timeout_s: float) -> bool:
@@ -91,8 +101,8 @@ class Uploader:
                 for _ in batch:
                     self._queue.task_done()
 
-    def _send(self, batch: list[KernelUpload | EntryUpload]) -> None:
-        kernels = [i for i in batch if isinstance(i, KernelUpload)]
+    def _send(self, batch: list[KernelUpload | KernelDirUpload | EntryUpload]) -> None:
+        kernels = [i for i in batch if not isinstance(i, EntryUpload)]
         entries = [i for i in batch if isinstance(i, EntryUpload)]
         if kernels:
             try:
@@ -114,15 +124,20 @@ class Uploader:
             except KcacheError as exc:
                 self._stats.put_error(e.layer, type(exc).__name__)
 
-    def _put_kernel(self, item: KernelUpload) -> None:
+    def _put_kernel(self, item: KernelUpload | KernelDirUpload) -> None:
         try:
-            manifest = manifest_for_files(item.key, item.files, item.producer)
+            files = item.files if isinstance(item, KernelUpload) else read_kernel_dir(item.path)
+            manifest = manifest_for_files(item.key, files, item.producer)
         except PackError as exc:
             # e.g. a dir whose paths could not be made path-free: not portable, so not shared.
             log.debug("kcache: not uploading %s: %s", item.key, exc)
             self._stats.put_error("kernel", "unportable")
             return
-        pack = build_pack(manifest, item.files)
+        except OSError as exc:
+            log.debug("kcache: could not read %s: %s", item.key, exc)
+            self._stats.put_error("kernel", "unreadable")
+            return
+        pack = build_pack(manifest, files)
         try:
             self._client.put_pack(item.key, pack)
             self._stats.put("kernel", len(pack))

@@ -187,3 +187,55 @@ class ErrorDetail(_Model):
 
 class ErrorBody(_Model):
     error: ErrorDetail
+
+
+class EnvFingerprint(_Model):
+    """What must match for compiled artifacts to be reusable (see kcache.fingerprint)."""
+
+    torch: str | None = None
+    triton: str | None = None
+    cuda: str | None = None
+    hip: str | None = None
+    gpu_arch: str | None = None
+
+    @property
+    def id(self) -> str:
+        return hashlib.sha256(self.model_dump_json().encode()).hexdigest()[:16]
+
+    def describe(self) -> str:
+        return ", ".join(f"{k} {v}" for k, v in self.model_dump().items() if v) or "unknown environment"
+
+    def diff(self, other: EnvFingerprint) -> str:
+        mine, theirs = self.model_dump(), other.model_dump()
+        return ", ".join(f"{k} {theirs[k]} -> {mine[k]}" for k in mine if mine[k] != theirs[k])
+
+
+class EntryRef(_Model):
+    layer: Layer
+    key: EntryKey
+
+
+class WorkloadManifest(_Model):
+    """Every kernel and cache entry one job used; published at exit, prefetched by the next job."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+    fingerprint: EnvFingerprint
+    kernels: list[KernelKey] = Field(default_factory=list, max_length=200_000)
+    entries: list[EntryRef] = Field(default_factory=list, max_length=200_000)
+
+
+class WorkloadView(_Model):
+    """The merged manifest of every published run of a workload in one environment."""
+
+    name: str
+    fingerprint: EnvFingerprint
+    kernels: list[str]
+    entries: list[EntryRef]
+    runs: int
+    other_fingerprints: list[EnvFingerprint] = Field(default_factory=list)
+
+
+class WorkloadSummary(_Model):
+    name: str
+    runs: int
+    fingerprints: list[EnvFingerprint]

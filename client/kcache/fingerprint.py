@@ -1,0 +1,66 @@
+"""The current environment's fingerprint (torch, triton, CUDA/HIP, GPU arch).
+
+Computed without importing torch (package metadata; ``nvidia-smi`` for the arch when torch is not
+already loaded), because the workload prefetcher runs at interpreter start.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import subprocess
+import sys
+from importlib import metadata
+
+from kcache_schemas.models import EnvFingerprint
+
+__all__ = ["EnvFingerprint", "current"]
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _gpu_arch() -> str | None:
+    if arch := os.environ.get("KCACHE_GPU_ARCH"):
+        return arch
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        try:
+            if not torch.cuda.is_available():
+                return None
+            if getattr(torch.version, "hip", None):
+                return str(torch.cuda.get_device_properties(0).gcnArchName.split(":")[0])
+            major, minor = torch.cuda.get_device_capability(0)
+            return f"sm_{major}{minor}"
+        except Exception:
+            return None
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return None
+    try:
+        out = subprocess.run([smi, "--query-gpu=compute_cap", "--format=csv,noheader"], capture_output=True, text=True, timeout=3)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = out.stdout.strip().splitlines() if out.returncode == 0 else []
+    return f"sm_{lines[0].strip().replace('.', '')}" if lines else None
+
+
+@functools.lru_cache(maxsize=1)
+def current() -> EnvFingerprint:
+    torch_version = _version("torch")
+    cuda = hip = None
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        cuda = getattr(torch.version, "cuda", None)
+        hip = getattr(torch.version, "hip", None)
+    elif torch_version and "+cu" in torch_version:
+        tag = torch_version.split("+cu", 1)[1]
+        cuda = f"{tag[:-1]}.{tag[-1]}" if tag.isdigit() and len(tag) >= 2 else tag
+    elif torch_version and "+rocm" in torch_version:
+        hip = torch_version.split("+rocm", 1)[1]
+    return EnvFingerprint(torch=torch_version, triton=_version("triton"), cuda=cuda, hip=hip, gpu_arch=_gpu_arch())

@@ -1,0 +1,153 @@
+"""Inductor's remote cache layers served by kcache.
+
+Inductor builds each remote cache from a class in ``torch/_inductor/remote_cache.py`` and, when
+that class's ``backend_override_cls`` is set, calls it instead of connecting to Redis. We set it
+on each layer's class and switch the layer on in Inductor's config, unless the user already chose
+(an explicit ``False`` stays ``False``). ``KCACHE_LAYERS`` (comma list) picks layers; default all.
+
+Keys reach the backend already formatted by Inductor (``pt2:fx-graph-v1::<hash>:c1``): they are
+content hashes, with no paths, hosts or ranks in them, so they hit across machines.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib
+import json
+import logging
+import os
+from typing import Any
+
+from kcache_schemas import InvalidKeyError, normalize_entry_key
+
+from kcache.runtime import Runtime, get_runtime
+
+log = logging.getLogger("kcache.remote_cache")
+
+# layer -> (remote cache class, (config module, switch))
+LAYERS: dict[str, tuple[str, tuple[str, str]]] = {
+    "fx-graph": ("RemoteFxGraphCache", ("torch._inductor.config", "fx_graph_remote_cache")),
+    "autotune": ("RemoteAutotuneCache", ("torch._inductor.config", "autotune_remote_cache")),
+    "bundled-autotune": ("RemoteBundledAutotuneCache", ("torch._inductor.config", "bundled_autotune_remote_cache")),
+    "aot-autograd": ("RemoteAOTAutogradCache", ("torch._functorch.config", "enable_remote_autograd_cache")),
+    "dynamo-pgo": ("RemoteDynamoPGOCache", ("torch._dynamo.config", "automatic_dynamic_remote_pgo")),
+}
+# Inductor's bundled autotune cache asserts on CPU-only hosts (torch 2.13: _get_backend_hash),
+# so kcache switches it on only where a GPU is visible; a cache must never break a compile.
+GPU_ONLY = {"bundled-autotune"}
+_installed: dict[str, tuple[Any, Any]] = {}  # layer -> (previous override, previous switch)
+
+
+def service_key(key: str) -> str:
+    """Inductor's key if it is URL-safe, else a stable hash of it."""
+    try:
+        return normalize_entry_key(key)
+    except InvalidKeyError:
+        return "h:" + hashlib.sha256(key.encode()).hexdigest()
+
+
+def _compile_time_s(data: bytes) -> float | None:
+    """FX-graph entries are JSON with ``time_taken_ms``: credit it as compile time saved."""
+    try:
+        value = json.loads(data).get("time_taken_ms")
+        return float(value) / 1000 if value is not None else None
+    except (ValueError, AttributeError, UnicodeDecodeError):
+        return None
+
+
+def _backend_base() -> type:
+    from torch._inductor.remote_cache import RemoteCacheBackend
+
+    return RemoteCacheBackend  # type: ignore[no-any-return]
+
+
+@functools.lru_cache(maxsize=1)
+def backend_class() -> type:
+    base = _backend_base()
+
+    class KcacheRemoteCacheBackend(base):  # type: ignore[misc, valid-type]
+        """A ``RemoteCacheBackend[bytes]`` that fails open: errors read as misses to Inductor
+        (and are counted as errors by kcache), so a dead service never fails a compile."""
+
+        def __init__(self, layer: str) -> None:
+            super().__init__()
+            self.layer = layer
+
+        def _get(self, key: str) -> bytes | None:
+            rt = get_runtime()
+            if rt is None:
+                return None
+            try:
+                return rt.get_entry(self.layer, service_key(key))
+            except Exception as exc:
+                rt.warn_once(f"{self.layer} lookup failed", exc)
+                return None
+
+        def _put(self, key: str, data: bytes) -> None:
+            rt = get_runtime()
+            if rt is None:
+                return
+            try:
+                rt.put_entry(self.layer, service_key(key), data, _compile_time_s(data))
+            except Exception as exc:
+                rt.warn_once(f"{self.layer} store failed", exc)
+
+    return KcacheRemoteCacheBackend
+
+
+def selected_layers() -> list[str]:
+    raw = os.environ.get("KCACHE_LAYERS")
+    if raw is None or raw.strip().lower() in ("", "all"):
+        return list(LAYERS)
+    if raw.strip().lower() == "none":
+        return []
+    return [layer for layer in (p.strip() for p in raw.split(",")) if layer in LAYERS]
+
+
+def _gpu_visible() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except Exception:
+        return False
+
+
+def install_remote_caches(rt: Runtime, layers: list[str] | None = None) -> list[str]:
+    remote_cache = importlib.import_module("torch._inductor.remote_cache")
+    backend = backend_class()
+    done = []
+    gpu = _gpu_visible()
+    for layer in layers if layers is not None else selected_layers():
+        if layer in GPU_ONLY and not gpu:
+            continue
+        cls_name, (config_module, switch) = LAYERS[layer]
+        cls = getattr(remote_cache, cls_name, None)
+        try:
+            config = importlib.import_module(config_module)
+        except ImportError:
+            config = None
+        if cls is None or config is None or not hasattr(config, switch):
+            rt.warn_once(f"this torch has no {cls_name}/{switch}; layer {layer} not served")
+            continue
+        previous = getattr(config, switch)
+        _installed[layer] = (cls.__dict__.get("backend_override_cls"), previous)
+        cls.backend_override_cls = functools.partial(backend, layer)
+        if previous is None:  # unset: kcache turns the layer on; an explicit choice stands
+            setattr(config, switch, True)
+        done.append(layer)
+    return done
+
+
+def uninstall_remote_caches() -> None:
+    remote_cache = importlib.import_module("torch._inductor.remote_cache")
+    for layer, (override, switch_value) in _installed.items():
+        cls_name, (config_module, switch) = LAYERS[layer]
+        cls = getattr(remote_cache, cls_name)
+        if override is None:
+            cls.backend_override_cls = None
+        else:
+            cls.backend_override_cls = override
+        setattr(importlib.import_module(config_module), switch, switch_value)
+    _installed.clear()
