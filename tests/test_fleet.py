@@ -1,0 +1,119 @@
+"""Fleet warm start on the CPU: torch's real Inductor caches and Triton's real cache lookups,
+each "node" a fresh process with its own empty local caches."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from kcache.config import ClientConfig
+from kcache.http import KcacheClient
+
+pytest_plugins = ["live"]
+pytest.importorskip("torch")
+JOB = Path(__file__).with_name("fleet_job.py")
+LAYERS = "fx-graph,aot-autograd"  # the layers a CPU compile exercises
+
+
+def run_node(tmp: Path, name: str, url: str, **env: str) -> dict:  # type: ignore[type-arg]
+    node = tmp / name
+    full_env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("KCACHE_", "TRITON_", "TORCHINDUCTOR_"))},
+        "KCACHE_URL": url,
+        "KCACHE_LAYERS": LAYERS,
+        "KCACHE_LOCAL_DIR": str(node / "kcache-local"),
+        "TORCHINDUCTOR_CACHE_DIR": str(node / "inductor"),  # a different path on every node
+        "TRITON_CACHE_DIR": str(node / "triton"),
+        "TRITON_DEFAULT_FP_FUSION": "1",
+        **env,
+    }
+    proc = subprocess.run([sys.executable, str(JOB)], env=full_env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("REPORT "))
+    return json.loads(line[len("REPORT ") :])  # type: ignore[no-any-return]
+
+
+@pytest.mark.slow
+def test_fresh_node_gets_remote_hits_and_a_warmed_node_needs_no_network(live_service, tmp_path: Path) -> None:
+    # Node A: empty service. Compiles everything, uploads kernels and Inductor entries,
+    # publishes the workload manifest at exit.
+    a = run_node(tmp_path, "a", live_service.url, KCACHE_WORKLOAD="resnet-ish")
+    assert a["fx"].get("fxgraph_cache_miss") == 1 and not a["fx"].get("fxgraph_cache_hit")
+    assert a["triton_cache_hits"] == [False] * 3
+    assert a["stats"]["fx-graph"]["puts"] == 1 and a["stats"]["kernel"]["puts"] == 3
+    assert a["stats"]["kernel"]["errors"] == 0
+
+    # Nothing machine-local leaked into what was stored: A's cache dirs, user or host.
+    client = KcacheClient(ClientConfig(url=live_service.url))
+    stored = [client.get_pack(k) for k in a["kernel_keys"]]
+    view = client.get_json("/v1/default/workloads/resnet-ish")
+    stored += [client.get_entry(e["layer"], e["key"])[0] for e in view["entries"]]
+    assert {e["layer"] for e in view["entries"]} == {"fx-graph", "aot-autograd"}
+    assert sorted(view["kernels"]) == sorted(a["kernel_keys"])
+    import zstandard
+
+    for blob in stored:
+        raw = zstandard.ZstdDecompressor().decompressobj().decompress(blob) if blob[:4] == b"\x28\xb5\x2f\xfd" else blob
+        assert str(tmp_path / "a").encode() not in raw
+
+    # Node B: different local cache dirs, no workload. Remote FX-graph + AOT hits (Inductor's own
+    # counters), Triton kernel hits through kcache's cache manager, identical results.
+    b = run_node(tmp_path, "b", live_service.url)
+    assert b["fx"].get("fxgraph_cache_hit") == 1 and not b["fx"].get("fxgraph_cache_miss")
+    assert b["aot"].get("autograd_cache_hit") == 1
+    assert b["triton_cache_hits"] == [True] * 3
+    assert b["stats"]["kernel"]["hits"] == 3 and b["stats"]["fx-graph"]["hits"] == 1
+    assert b["stats"]["fx-graph"]["saved_s"] > 0  # producer's compile time credited
+    assert b["out"] == a["out"]
+
+    # Node C: same workload name. The prefetcher, started at interpreter start, has every kernel
+    # in the Triton dir and every entry in the local tier before the first compile asks.
+    c = run_node(tmp_path, "c", live_service.url, KCACHE_WORKLOAD="resnet-ish", PROBE_PREFETCH="1")
+    assert sorted(c["prefetched_dirs"]) == sorted(a["kernel_keys"])
+    assert c["prefetch_counts"]["entries"] == len(view["entries"])
+    assert c["triton_cache_hits"] == [True] * 3
+    assert c["fx"].get("fxgraph_cache_hit") == 1
+    assert c["stats"]["fx-graph"]["errors"] == 0 and c["out"] == a["out"]
+
+    # `kcache warm` ahead of time, then a node whose service is gone: no network needed at all.
+    from kcache.cli import main as cli
+
+    d = tmp_path / "d"
+    assert cli(["warm", "resnet-ish", "--url", live_service.url, "--dest", str(d / "triton"), "--local-dir", str(d / "kcache-local")]) == 0
+    dead = "http://127.0.0.1:9"  # nothing listens: any network attempt would count an error
+    offline = run_node(tmp_path, "d", dead)
+    assert offline["triton_cache_hits"] == [True] * 3
+    assert offline["fx"].get("fxgraph_cache_hit") == 1
+    assert all(layer["errors"] == 0 for layer in offline["stats"].values()), offline["stats"]
+    assert offline["out"] == a["out"]
+
+
+@pytest.mark.slow
+def test_triton_manager_is_local_first(live_service, tmp_path: Path) -> None:
+    """Unlike Triton's RemoteCacheManager, a local hit never touches the network."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KCACHE_", "TRITON_"))}
+    script = (
+        "import json,sys,triton; sys.path.insert(0, %r)\n"
+        "from bench.corpus import compile_small\n"
+        "from kcache.runtime import get_runtime\n"
+        "hits=[]; triton.knobs.compilation.listener=lambda *,cache_hit=False,**_: hits.append(cache_hit)\n"
+        "compile_small(sys.argv[1], count=2)\n"
+        "rt=get_runtime(); rt.close() if rt else None\n"
+        "print(json.dumps({'hits': hits, 'stats': rt.stats.snapshot() if rt else None}))\n"
+    ) % str(Path(__file__).resolve().parent.parent)
+    cache = tmp_path / "triton"
+
+    def run(url: str) -> dict:  # type: ignore[type-arg]
+        out = subprocess.run([sys.executable, "-c", script, str(cache)], env={**env, "KCACHE_URL": url, "TRITON_CACHE_DIR": str(cache), "TRITON_DEFAULT_FP_FUSION": "1"}, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr[-2000:]
+        return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+    first = run(live_service.url)  # compiles locally, uploads in the background
+    assert first["hits"] == [False, False] and first["stats"]["kernel"]["puts"] == 2
+    second = run("http://127.0.0.1:9")  # local hits; the (dead) service is never asked
+    assert second["hits"] == [True, True]
+    assert second["stats"] is None or all(v["errors"] == 0 and v["misses"] == 0 for v in second["stats"].values())
