@@ -13,6 +13,7 @@ from kcache.runtime import ensure_runtime, stop_runtime
 
 log = logging.getLogger("kcache")
 TRITON_MANAGER = "kcache.triton_manager:KcacheCacheManager"
+_env_before: dict[str, str | None] = {}  # KCACHE_* values install() replaced
 
 
 def use_triton_manager() -> None:
@@ -30,7 +31,9 @@ def activate(**overrides: Any) -> bool:
     # Explicit install() arguments must reach Inductor's compile workers too.
     for name in ("url", "token", "namespace", "mode"):
         if overrides.get(name) is not None:
-            os.environ[f"KCACHE_{name.upper()}"] = str(overrides[name])
+            var = f"KCACHE_{name.upper()}"
+            _env_before.setdefault(var, os.environ.get(var))  # uninstall() puts it back
+            os.environ[var] = str(overrides[name])
     rt = ensure_runtime(config)
     use_triton_manager()
     if "torch" in sys.modules or importlib.util.find_spec("torch") is not None:
@@ -60,4 +63,11 @@ def deactivate() -> None:
         uninstall_remote_caches()
     if os.environ.get("TRITON_CACHE_MANAGER") == TRITON_MANAGER:
         del os.environ["TRITON_CACHE_MANAGER"]
+    # Otherwise processes started after uninstall() would still autoload kcache from KCACHE_URL.
+    for var, value in _env_before.items():
+        if value is None:
+            os.environ.pop(var, None)
+        else:
+            os.environ[var] = value
+    _env_before.clear()
     stop_runtime()

@@ -6,6 +6,7 @@ Every method raises a :mod:`kcache.errors` exception; callers on the compile pat
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import tarfile
@@ -14,13 +15,13 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 import httpx
-from kcache_schemas import EntryInfo, KernelEntry
+from kcache_schemas import EntryInfo, InvalidKeyError, KernelEntry, normalize_kernel_key
 from kcache_schemas.pack import DEFAULT_LIMITS, MEDIA_TYPE
 
 from kcache import __version__
 from kcache.breaker import CircuitBreaker
 from kcache.config import ClientConfig
-from kcache.errors import NotFound, ServiceUnavailable, raise_for_status
+from kcache.errors import InvalidPack, NotFound, ServiceUnavailable, raise_for_status
 
 _MISSING_BATCH = 5_000
 _BATCH_GET = 1_000
@@ -158,6 +159,12 @@ class KcacheClient:
         for i in range(0, len(keys), _BATCH_GET):
             if not self.breaker.allow():
                 raise ServiceUnavailable("circuit breaker open")
+            # The service answers canonical keys; a name we did not ask for (another kernel,
+            # "../x") is a broken or hostile server, and its key must never reach a path.
+            wanted = set()
+            for k in keys[i : i + _BATCH_GET]:
+                with contextlib.suppress(InvalidKeyError):
+                    wanted.add(normalize_kernel_key(k))
             try:
                 with self._http.stream("POST", f"/v1/{self._ns}/kernels:batch-get", json={"keys": keys[i : i + _BATCH_GET]}) as r:
                     if r.status_code >= 400:
@@ -168,7 +175,10 @@ class KcacheClient:
                             fh = tf.extractfile(member)
                             if fh is None or not member.name.endswith(".kpack"):
                                 continue
-                            yield member.name[: -len(".kpack")], fh.read()
+                            key = member.name[: -len(".kpack")]
+                            if key not in wanted:
+                                raise InvalidPack(f"batch-get answered {member.name[:80]!r}, which was not asked for")
+                            yield key, fh.read()
                 self.breaker.success()
             except httpx.TransportError as exc:
                 self.breaker.failure()

@@ -176,6 +176,9 @@ class Runtime:
                 except KcacheError as exc:
                     self.stats.error(layer, type(exc).__name__)
                     return None
+                except Exception as exc:
+                    self._unexpected(layer, exc)
+                    return None
                 self.local.put(layer, key, data)
             if self._secret is not None:
                 try:

@@ -1,0 +1,349 @@
+"""The client fails open: a dead, hung, failing or trickling service never fails or stalls a compile.
+
+Everything is real: the client (``kcache.runtime.Runtime`` over ``KcacheClient`` over httpx), the
+misbehaving servers (real sockets in ``netfaults.py``), the service (``kcache serve``), the kernels
+(compiled by Triton on the CPU) and Inductor's ``TritonBundler``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import kcache
+import pytest
+from kcache.config import ClientConfig
+from kcache.emitter import EmitOutcome
+from kcache.http import KcacheClient
+from kcache.runtime import Runtime, get_runtime
+from kcache_schemas.keys import hex_to_kernel_key
+from kcache_schemas.pack import pack_kernel_dir, read_kernel_dir
+from netfaults import FaultServer, KcacheService
+
+CONNECT, READ, RETRIES, FAILURES = 0.2, 0.5, 1, 3
+# (connect + read) per attempt, every attempt; the slack covers the 50 ms retry backoff, one
+# trickle interval (a deadline is checked when a byte arrives) and a loaded CI machine.
+BUDGET = (CONNECT + READ) * (1 + RETRIES) + 0.6
+OPEN_CALL_S = 0.010  # a call while the breaker is open must not touch the network
+ABSENT_KEY = hex_to_kernel_key(hashlib.sha256(b"kcache fail-open test: never stored").hexdigest())
+LAYER = "fx-graph"
+ENTRY_KEY = "pt2:fx-graph-v1::failopen:c1"
+
+# name -> (mode, trickle interval). "trickle" sends the whole response a byte per second (the
+# per-read timeout fires); "drip" sends headers at once, then a body byte every 0.2 s, faster
+# than the read timeout: only the client's total deadline stops it.
+FAULTS = {
+    "refused": ("refuse", 1.0),
+    "blackhole": ("hang", 1.0),
+    "http500": ("http500", 1.0),
+    "trickle": ("trickle", 1.0),
+    "drip": ("drip", 0.2),
+}
+
+
+@dataclass(frozen=True)
+class Kernel:
+    key: str
+    dir: Path
+    files: dict[str, bytes]
+    pack: bytes
+    name: str
+
+
+@pytest.fixture(scope="module")
+def kernels(tmp_path_factory: pytest.TempPathFactory) -> list[Kernel]:
+    from bench.corpus import compile_small
+
+    out = []
+    for d in compile_small(tmp_path_factory.mktemp("failopen-triton"), count=3, arch=90):
+        manifest, pack = pack_kernel_dir(d)
+        out.append(Kernel(d.name, d, read_kernel_dir(d), pack, manifest.kernel_name))
+    return out
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KcacheService]:
+    with KcacheService(tmp_path_factory.mktemp("failopen-service")) as svc:
+        yield svc
+
+
+@pytest.fixture(params=sorted(FAULTS))
+def fault(request: pytest.FixtureRequest) -> Iterator[FaultServer]:
+    mode, interval = FAULTS[request.param]
+    with FaultServer(mode, trickle_interval=interval) as server:
+        yield server
+
+
+@pytest.fixture(autouse=True)
+def _no_kcache_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    for name in list(os.environ):
+        if name.startswith("KCACHE_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("KCACHE_LOCAL_DIR", str(tmp_path / "kcache-local"))  # the local entry tier
+
+
+def config(url: str, **overrides: Any) -> ClientConfig:
+    values: dict[str, Any] = {
+        "url": url,
+        "connect_timeout_s": CONNECT,
+        "read_timeout_s": READ,
+        "retries": RETRIES,
+        "breaker_failures": FAILURES,
+        "breaker_reset_s": 60.0,
+        "mode": "readonly",
+        "namespace": f"t{uuid.uuid4().hex[:12]}",
+    }
+    values.update(overrides)
+    return ClientConfig(**values)
+
+
+def compile_path_calls(cache_dir: Path) -> dict[str, Callable[[Runtime], Any]]:
+    return {
+        "fetch_kernel": lambda rt: rt.fetch_kernel(ABSENT_KEY, cache_dir),
+        "get_entry": lambda rt: rt.get_entry(LAYER, ENTRY_KEY),
+        "missing_kernels": lambda rt: rt.missing_kernels([ABSENT_KEY]),
+    }
+
+
+def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
+    t0 = time.perf_counter()
+    result = fn()
+    return result, time.perf_counter() - t0
+
+
+def totals(rt: Runtime) -> dict[str, int]:
+    snap = rt.stats.snapshot()
+    return {k: sum(layer[k] for layer in snap.values()) for k in ("hits", "misses", "errors")}
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.01)
+
+
+# ---- compile-path calls --------------------------------------------------------------------
+
+
+def test_calls_fail_open_within_budget_then_breaker_keeps_off_network(fault: FaultServer, tmp_path: Path) -> None:
+    cache_dir = tmp_path / "triton"
+    rt = Runtime(config(fault.url))
+    assert rt.client is not None
+    try:
+        for name, call in compile_path_calls(cache_dir).items():
+            result, elapsed = timed(lambda call=call: call(rt))
+            assert result is None, name
+            assert elapsed < BUDGET, f"{name} took {elapsed:.2f}s, budget {BUDGET:.2f}s"
+
+        snap = rt.stats.snapshot()
+        assert snap["kernel"]["errors"] == 2 and snap[LAYER]["errors"] == 1, snap
+        assert totals(rt) == {"hits": 0, "misses": 0, "errors": 3}, "a failing service is an error, not a miss"
+        assert set(snap["kernel"]["error_kinds"]) == {"ServiceUnavailable"}
+        assert rt.client.breaker.state == "open"
+
+        # Open: calls return at once and the server sees nothing new.
+        time.sleep(0.05)
+        seen = (fault.connections, fault.requests)
+        for _round in range(3):
+            for name, call in compile_path_calls(cache_dir).items():
+                result, elapsed = timed(lambda call=call: call(rt))
+                assert result is None, name
+                assert elapsed < OPEN_CALL_S, f"{name} took {elapsed * 1e3:.1f} ms with the breaker open"
+        time.sleep(0.1)
+        assert (fault.connections, fault.requests) == seen
+        assert totals(rt) == {"hits": 0, "misses": 0, "errors": 12}
+        assert not cache_dir.exists() or not any(cache_dir.iterdir())
+    finally:
+        rt.close()
+
+
+@pytest.mark.slow
+def test_half_open_lets_one_probe_through_and_a_recovered_service_closes_it(
+    fault: FaultServer, service: KcacheService, tmp_path: Path
+) -> None:
+    reset = 1.0
+    rt = Runtime(config(fault.url, breaker_reset_s=reset))
+    assert rt.client is not None
+    breaker = rt.client.breaker
+    fetch = compile_path_calls(tmp_path / "triton")["fetch_kernel"]
+    try:
+        for _ in range(FAILURES):
+            assert fetch(rt) is None
+        assert breaker.state == "open" and breaker.times_opened == 1
+
+        # Half-open while the fault persists: one probe reaches the network; concurrent
+        # callers do not wait for it; its failure re-opens the breaker at once.
+        wait_for(lambda: breaker.state == "half-open", reset + 1.0)
+        time.sleep(0.05)
+        before = fault.connections
+        probe_result: list[Any] = []
+        probe = threading.Thread(target=lambda: probe_result.append(fetch(rt)))
+        probe.start()
+        time.sleep(0.02)
+        while probe.is_alive():
+            result, elapsed = timed(lambda: fetch(rt))
+            assert result is None and elapsed < OPEN_CALL_S, f"caller waited {elapsed * 1e3:.1f} ms behind the probe"
+            time.sleep(0.05)
+        probe.join()
+        assert probe_result == [None]
+        time.sleep(0.05)
+        assert fault.connections - before <= 1 + RETRIES, "more than one probe went through"
+        if fault.mode != "refuse":
+            assert fault.connections > before, "the probe never reached the server"
+        assert breaker.state == "open" and breaker.times_opened == 2
+        assert totals(rt)["misses"] == 0
+
+        # The service comes back behind the same address: the next probe closes the breaker.
+        fault.set_mode("proxy", upstream=service.url)
+        wait_for(lambda: breaker.state == "half-open", reset + 1.0)
+        assert fetch(rt) is None
+        assert breaker.state == "closed"
+        assert rt.stats.snapshot()["kernel"]["misses"] == 1, "a 404 from a healthy service is a miss"
+        assert rt.get_entry(LAYER, ENTRY_KEY) is None  # went through: a miss, not an error
+        assert rt.missing_kernels([ABSENT_KEY]) == [ABSENT_KEY]
+        assert totals(rt)["misses"] == 2 and breaker.state == "closed"
+    finally:
+        rt.close()
+
+
+@pytest.mark.slow
+def test_real_service_counts_misses_as_misses_and_hits_as_hits(
+    service: KcacheService, kernels: list[Kernel], tmp_path: Path
+) -> None:
+    cfg = config(service.url, read_timeout_s=10.0, connect_timeout_s=2.0)
+    rt = Runtime(cfg)
+    dest = tmp_path / "triton"
+    try:
+        assert rt.fetch_kernel(ABSENT_KEY, dest) is None
+        assert rt.get_entry(LAYER, ENTRY_KEY) is None
+        k = kernels[0]
+        assert rt.missing_kernels([k.key, ABSENT_KEY]) == [k.key, ABSENT_KEY]
+        snap = rt.stats.snapshot()
+        assert snap["kernel"]["misses"] == 1 and snap["kernel"]["miss_reasons"] == {"not_found": 1}
+        assert snap[LAYER]["misses"] == 1
+        assert totals(rt)["errors"] == 0
+
+        uploader = KcacheClient(cfg)
+        try:
+            assert uploader.put_pack(k.key, k.pack) is True
+        finally:
+            uploader.close()
+        assert rt.missing_kernels([k.key, ABSENT_KEY]) == [ABSENT_KEY]
+        assert rt.fetch_kernel(k.key, dest) is EmitOutcome.EMITTED
+        group = json.loads((dest / k.key / f"__grp__{k.name}.json").read_text())
+        assert all(Path(p).parent == dest / k.key and Path(p).is_file() for p in group["child_paths"].values())
+        assert totals(rt) == {"hits": 1, "misses": 2, "errors": 0}
+        assert rt.client is not None and rt.client.breaker.state == "closed"
+    finally:
+        rt.close()
+
+
+# ---- uploads ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["refuse", "hang"])
+def test_uploads_never_block_the_caller_and_close_is_bounded(mode: str, kernels: list[Kernel]) -> None:
+    flush = 1.0
+    with FaultServer(mode) as fault:
+        rt = Runtime(config(fault.url, mode="readwrite", flush_timeout_s=flush, upload_queue=4))
+        assert rt.uploader is not None
+        waits = []
+        for k in kernels:
+            _, elapsed = timed(lambda k=k: rt.upload_kernel(k.key, k.files, 1.0))
+            waits.append(elapsed)
+        for i in range(20):  # more than the queue holds: dropped and counted, never waited for
+            _, elapsed = timed(lambda i=i: rt.put_entry(LAYER, f"{ENTRY_KEY}{i}", b"x" * 4096, 1.0))
+            waits.append(elapsed)
+        assert max(waits) < OPEN_CALL_S, f"a submit blocked for {max(waits) * 1e3:.1f} ms"
+
+        _, elapsed = timed(rt.close)
+        assert elapsed < flush + 0.5, f"close() took {elapsed:.2f}s with flush_timeout_s={flush}"
+        snap = rt.stats.snapshot()
+        dropped = snap[LAYER]["error_kinds"].get("queue_full", 0)
+        assert dropped >= 20 - 4, snap
+        assert totals(rt)["hits"] == 0 and snap.get("kernel", {}).get("puts", 0) == 0
+        if mode == "refuse":  # failed fast, so everything was accounted for before close returned
+            assert snap["kernel"]["put_errors"] == len(kernels)
+            assert snap["kernel"]["error_kinds"] == {"ServiceUnavailable": len(kernels)}
+
+
+# ---- through Inductor's real TritonBundler ----------------------------------------------------
+
+WRAPPED = ("begin_compile", "put", "put_winner", "collect", "read_and_emit")
+
+
+def run_bundler(src: Path, dst: Path, keys: list[str], monkeypatch: pytest.MonkeyPatch) -> tuple[Any, Any, float]:
+    """begin_compile / put / collect from ``src``, then read_and_emit into ``dst``."""
+    from torch._inductor.triton_bundler import TritonBundler
+
+    t0 = time.perf_counter()
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(src))  # Inductor's triton_cache_dir(device)
+    TritonBundler.begin_compile()
+    for key in keys:
+        TritonBundler.put(key, 0)
+    bundle, _meta = TritonBundler.collect()
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(dst))
+    metadata = TritonBundler.read_and_emit(bundle)
+    return bundle, metadata, time.perf_counter() - t0
+
+
+@pytest.mark.parametrize("mode", ["refuse", "hang"])
+def test_bundler_hooks_with_a_dead_service(
+    mode: str, kernels: list[Kernel], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("torch")
+    from torch._inductor import config as inductor_config
+    from torch._inductor.triton_bundler import TritonBundler
+
+    src = kernels[0].dir.parent
+    keys = [k.key for k in kernels]
+    before = {n: TritonBundler.__dict__.get(n) for n in WRAPPED}
+    env_before = {k: v for k, v in os.environ.items() if k.startswith("KCACHE_") or k == "TRITON_CACHE_MANAGER"}
+    flush = 0.5
+    with FaultServer(mode) as fault, inductor_config.patch(bundle_triton_into_fx_graph_cache=True):
+        # Warm Inductor's lazy imports so the timing below is kcache's, then hook.
+        run_bundler(src, tmp_path / "warm", keys, monkeypatch)
+        assert kcache.install(
+            url=fault.url, connect_timeout_s=CONNECT, read_timeout_s=READ, retries=RETRIES, flush_timeout_s=flush
+        ) is True
+        rt = get_runtime()
+        try:
+            for name in ("begin_compile", "put", "collect"):
+                assert TritonBundler.__dict__[name].__func__.__module__ == "kcache.bundler_hooks", name
+            assert TritonBundler.__dict__["read_and_emit"].__func__.__module__ == "kcache.bundler_hooks"
+
+            dst = tmp_path / "dst"
+            bundle, metadata, elapsed = run_bundler(src, dst, keys, monkeypatch)
+            # Uploads went to the background; nothing on this thread waited on the network.
+            assert elapsed < READ, f"the hooked bundler took {elapsed:.2f}s with the service down"
+            assert sorted(ka.kernel_hash for ka in bundle.kernel_artifacts) == sorted(keys)
+            assert metadata is not None
+            assert sorted(metadata.cached_kernel_names) == sorted(k.name for k in kernels)
+            for k in kernels:  # emitted locally, complete, paths pointing at the new home
+                kdir = dst / k.key
+                assert sorted(p.name for p in kdir.iterdir()) == sorted(k.files)
+                group = json.loads((kdir / f"__grp__{k.name}.json").read_text())
+                assert {Path(p) for p in group["child_paths"].values()} == {kdir / n for n in k.files if not n.startswith("__grp__")}
+                assert (kdir / f"{k.name}.cubin").read_bytes() == k.files[f"{k.name}.cubin"]
+            assert not [p for p in dst.iterdir() if p.name.startswith("tmp.")]
+        finally:
+            _, elapsed = timed(kcache.uninstall)
+        assert elapsed < flush + 0.5, f"uninstall took {elapsed:.2f}s with flush_timeout_s={flush}"
+    assert get_runtime() is None
+    after = {n: TritonBundler.__dict__.get(n) for n in WRAPPED}
+    assert all(after[n] is before[n] for n in WRAPPED), "uninstall did not restore TritonBundler"
+    env_after = {k: v for k, v in os.environ.items() if k.startswith("KCACHE_") or k == "TRITON_CACHE_MANAGER"}
+    assert env_after == env_before, "uninstall left kcache settings for child processes to autoload"
+    assert rt is not None
+    assert totals(rt) == {"hits": 0, "misses": 0, "errors": 0}  # nothing was looked up remotely
+    if mode == "refuse":  # the background uploads failed fast and were counted
+        assert rt.stats.snapshot()["kernel"]["put_errors"] == len(kernels)
