@@ -97,14 +97,14 @@ def test_triton_manager_is_local_first(live_service, tmp_path: Path) -> None:
     """Unlike Triton's RemoteCacheManager, a local hit never touches the network."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("KCACHE_", "TRITON_"))}
     script = (
-        "import json,sys,triton; sys.path.insert(0, %r)\n"
+        "import json,sys,triton; sys.path.insert(0, REPO)\n"
         "from bench.corpus import compile_small\n"
         "from kcache.runtime import get_runtime\n"
         "hits=[]; triton.knobs.compilation.listener=lambda *,cache_hit=False,**_: hits.append(cache_hit)\n"
         "compile_small(sys.argv[1], count=2)\n"
         "rt=get_runtime(); rt.close() if rt else None\n"
         "print(json.dumps({'hits': hits, 'stats': rt.stats.snapshot() if rt else None}))\n"
-    ) % str(Path(__file__).resolve().parent.parent)
+    ).replace("REPO", repr(str(Path(__file__).resolve().parent.parent)))
     cache = tmp_path / "triton"
 
     def run(url: str) -> dict:  # type: ignore[type-arg]

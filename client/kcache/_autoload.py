@@ -76,8 +76,8 @@ def _main() -> None:
 
 def _start_prefetch() -> None:
     try:
-        from kcache.activation import ensure_runtime
         from kcache.config import ClientConfig
+        from kcache.runtime import ensure_runtime
 
         ensure_runtime(ClientConfig.from_env())
     except Exception:

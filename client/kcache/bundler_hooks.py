@@ -113,7 +113,7 @@ def install_bundler_hooks(rt: Runtime) -> bool:
             try:
                 files = {a.filename: a.payload for a in ka.artifacts}
                 manifest = manifest_for_files(ka.kernel_hash, files)
-                rt.emit_local(Path(tb_module.triton_cache_dir(ka.device)), manifest, files)
+                rt.emit_local(Path(tb_module.triton_cache_dir(ka.device)), manifest, files)  # type: ignore[attr-defined]
                 counters["inductor"]["triton_bundler_read_and_emit_kernel"] += len(ka.artifacts)
                 names += [Path(a.filename).stem for a in ka.artifacts if Path(a.filename).suffix in bin_exts]
             except Exception as exc:
@@ -127,7 +127,7 @@ def install_bundler_hooks(rt: Runtime) -> bool:
     wrappers = {"begin_compile": begin_compile, "put": put, "put_winner": put_winner, "collect": collect}
     for name, fn in wrappers.items():
         if name in originals:
-            setattr(cls, name, classmethod(fn))
+            setattr(cls, name, classmethod(fn))  # type: ignore[arg-type]
     cls.read_and_emit = staticmethod(read_and_emit)
     _originals.update(originals)
     return True

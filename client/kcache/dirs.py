@@ -16,7 +16,9 @@ def triton_cache_dir(device: int = 0) -> Path:
         return Path(directory)
     if "torch" in sys.modules:  # don't import torch just to learn a path
         try:
-            from torch._inductor.runtime.runtime_utils import triton_cache_dir as inductor_dir
+            from torch._inductor.runtime.runtime_utils import (  # type: ignore[attr-defined]
+                triton_cache_dir as inductor_dir,
+            )
 
             return Path(inductor_dir(device))
         except Exception:

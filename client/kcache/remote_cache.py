@@ -59,7 +59,7 @@ def _compile_time_s(data: bytes) -> float | None:
 def _backend_base() -> type:
     from torch._inductor.remote_cache import RemoteCacheBackend
 
-    return RemoteCacheBackend  # type: ignore[no-any-return]
+    return RemoteCacheBackend
 
 
 @functools.lru_cache(maxsize=1)

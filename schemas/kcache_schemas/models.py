@@ -6,7 +6,7 @@ import hashlib
 import re
 from datetime import datetime
 from enum import Enum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
@@ -17,8 +17,8 @@ from kcache_schemas.keys import (
     validate_namespace,
 )
 
-PACK_FORMAT = "kcache-pack"
-PACK_FORMAT_VERSION = 1
+PACK_FORMAT: Final = "kcache-pack"
+PACK_FORMAT_VERSION: Final = 1
 GROUP_PREFIX = "__grp__"
 REPLACE_SENTINEL = "[REPLACE]"
 
