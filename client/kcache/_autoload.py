@@ -52,7 +52,8 @@ class _ActivateAfter(Loader):
 
 
 def _main() -> None:
-    if not os.environ.get("KCACHE_URL") or os.environ.get("KCACHE_MODE") == "off":
+    # Case as ClientConfig.from_env reads it: "OFF" must not set TRITON_CACHE_MANAGER or hook.
+    if not os.environ.get("KCACHE_URL") or os.environ.get("KCACHE_MODE", "").lower() == "off":
         return
     if os.environ.get("KCACHE_AUTOLOAD", "1") == "0":
         return

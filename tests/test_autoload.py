@@ -1,0 +1,147 @@
+"""Zero-code activation (``kcache_autoload.pth`` -> ``kcache._autoload``), in fresh interpreters.
+
+At interpreter start the .pth imports only ``kcache`` and ``kcache._autoload``; nothing heavy
+(httpx, pydantic, zstandard, torch) and no network. With ``KCACHE_URL`` set, kcache installs
+itself right after ``torch._inductor.triton_bundler`` is first imported, not before.
+``KCACHE_MODE=off`` and ``KCACHE_AUTOLOAD=0`` switch it off. Import-time cost is measured by
+``bench/client_overhead.py``, not asserted here.
+"""
+
+from __future__ import annotations
+
+import json
+import site
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from netfaults import FaultServer, clean_env
+
+pytestmark = pytest.mark.slow
+
+WATCHED = ("kcache", "kcache_schemas", "httpx", "pydantic", "zstandard", "torch", "triton")
+
+# Prints which watched top-level packages are imported, at each step the probe takes.
+PROBE = r"""
+import json, os, sys
+
+def state():
+    mods = sorted(m for m in sys.modules if m.split(".")[0] in WATCHED)
+    out = {"modules": mods, "env_manager": os.environ.get("TRITON_CACHE_MANAGER")}
+    tb = sys.modules.get("torch._inductor.triton_bundler")
+    if tb is not None:
+        out["hooks"] = {n: getattr(tb.TritonBundler.__dict__[n], "__func__", None).__module__
+                        for n in ("begin_compile", "put", "collect", "read_and_emit")}
+    if "kcache.runtime" in sys.modules:
+        rt = sys.modules["kcache.runtime"].get_runtime()
+        out["runtime_url"] = rt.config.url if rt else None
+    return out
+
+WATCHED = tuple(sys.argv[1].split(","))
+steps = {"start": state()}
+for step in sys.argv[2:]:
+    __import__(step)
+    steps[step] = state()
+print("PROBE" + json.dumps(steps))
+"""
+
+
+def pth_installed() -> bool:
+    return any((Path(d) / "kcache_autoload.pth").is_file() for d in site.getsitepackages())
+
+
+@pytest.fixture(autouse=True)
+def _needs_pth() -> None:
+    if not pth_installed():
+        pytest.skip("kcache_autoload.pth is not installed in this interpreter's site-packages")
+
+
+def probe(tmp_path: Path, *imports: str, **env: str) -> dict[str, Any]:
+    environ = clean_env(KCACHE_LOCAL_DIR=str(tmp_path / "kcache-local"), **env)
+    environ.pop("TRITON_CACHE_MANAGER", None)
+    proc = subprocess.run(
+        [sys.executable, "-c", PROBE, ",".join(WATCHED), *imports], capture_output=True, text=True, timeout=180, env=environ, cwd=tmp_path
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("PROBE"))
+    out: dict[str, Any] = json.loads(line[len("PROBE"):])
+    out["stderr"] = proc.stderr
+    return out
+
+
+def top(modules: list[str]) -> set[str]:
+    return {m.split(".")[0] for m in modules}
+
+
+@pytest.fixture(scope="module")
+def dead_url() -> Any:
+    with FaultServer("refuse") as server:  # never contacted at start-up; refused if it were
+        yield server.url
+
+
+@pytest.mark.parametrize("url_set", [False, True], ids=["url-unset", "url-set"])
+def test_interpreter_start_imports_only_the_autoload_module(tmp_path: Path, dead_url: str, url_set: bool) -> None:
+    env = {"KCACHE_URL": dead_url} if url_set else {}
+    out = probe(tmp_path, **env)
+    assert out["start"]["modules"] == ["kcache", "kcache._autoload"]
+    assert out["start"]["env_manager"] == ("kcache.triton_manager:KcacheCacheManager" if url_set else None)
+
+
+def test_import_torch_alone_installs_nothing_until_the_bundler_is_imported(tmp_path: Path, dead_url: str) -> None:
+    pytest.importorskip("torch")
+    out = probe(tmp_path, "torch", "torch._inductor.triton_bundler", KCACHE_URL=dead_url)
+    after_torch = out["torch"]
+    assert "kcache.bundler_hooks" not in after_torch["modules"]
+    assert not top(after_torch["modules"]) & {"httpx", "kcache_schemas"}, after_torch["modules"]
+
+    after_bundler = out["torch._inductor.triton_bundler"]
+    assert set(after_bundler["hooks"].values()) == {"kcache.bundler_hooks"}, after_bundler["hooks"]
+    assert after_bundler["runtime_url"] == dead_url
+    assert "httpx" in top(after_bundler["modules"])
+    assert "Traceback" not in out["stderr"]
+
+
+@pytest.mark.parametrize(
+    "env",
+    [{"KCACHE_MODE": "off"}, {"KCACHE_MODE": "OFF"}, {"KCACHE_AUTOLOAD": "0"}, {}],
+    ids=["mode-off", "mode-OFF", "autoload-0", "url-unset"],
+)
+def test_switched_off(tmp_path: Path, dead_url: str, env: dict[str, str]) -> None:
+    pytest.importorskip("torch")
+    if env:
+        env = {"KCACHE_URL": dead_url, **env}
+    out = probe(tmp_path, "torch._inductor.triton_bundler", **env)
+    after = out["torch._inductor.triton_bundler"]
+    assert set(after["hooks"].values()) == {"torch._inductor.triton_bundler"}, after["hooks"]
+    assert top(after["modules"]) & {"httpx", "kcache_schemas"} == set(), after["modules"]
+    assert [m for m in after["modules"] if m.startswith("kcache")] == ["kcache", "kcache._autoload"]
+    assert after["env_manager"] is None
+
+
+BOGUS_URL_SCRIPT = r"""
+import sys
+import torch._inductor.triton_bundler as tb
+from kcache.runtime import get_runtime
+rt = get_runtime()
+assert tb.TritonBundler.__dict__["collect"].__func__.__module__ == "kcache.bundler_hooks"
+assert rt.fetch_kernel("A" * 52, sys.argv[1]) is None
+assert rt.get_entry("fx-graph", "pt2:fx-graph-v1::x:c1") is None
+assert rt.missing_kernels(["A" * 52]) is None
+print("OK", sum(layer["errors"] for layer in rt.stats.snapshot().values()))
+"""
+
+
+@pytest.mark.parametrize("url", ["http://[not-a-host", "ftp://127.0.0.1:1", "not a url"])
+def test_a_bogus_url_breaks_neither_the_import_nor_the_compile_path(tmp_path: Path, url: str) -> None:
+    pytest.importorskip("torch")
+    env = clean_env(KCACHE_URL=url, KCACHE_LOCAL_DIR=str(tmp_path / "kcache-local"))
+    env.pop("TRITON_CACHE_MANAGER", None)
+    proc = subprocess.run(
+        [sys.executable, "-c", BOGUS_URL_SCRIPT, str(tmp_path / "triton")],
+        capture_output=True, text=True, timeout=180, env=env, cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["OK", "3"], (proc.stdout, proc.stderr[-2000:])
+    assert not (tmp_path / "triton").exists()
