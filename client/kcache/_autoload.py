@@ -10,15 +10,19 @@ from __future__ import annotations
 
 import os
 import sys
-from importlib.abc import Loader, MetaPathFinder
-from importlib.machinery import ModuleSpec
-from types import ModuleType
-from typing import Any
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: at start-up, importlib.abc (importlib.resources, tempfile,
+    # shutil, pathlib, ...) and typing cost ~25 ms per interpreter, longer than the rest of site.
+    from importlib.abc import Loader
+    from importlib.machinery import ModuleSpec
+    from types import ModuleType
+    from typing import Any
 
 TRIGGER = "torch._inductor.triton_bundler"
 
 
-class _Trigger(MetaPathFinder):
+class _Trigger:  # a meta path finder (the protocol, not the importlib.abc base class: see above)
     def find_spec(self, fullname: str, path: Any, target: ModuleType | None = None) -> ModuleSpec | None:
         if fullname != TRIGGER:
             return None
@@ -32,9 +36,14 @@ class _Trigger(MetaPathFinder):
         return spec
 
 
-class _ActivateAfter(Loader):
+class _ActivateAfter:  # a loader: runs the real one, then installs kcache
     def __init__(self, inner: Loader) -> None:
         self._inner = inner
+
+    def __getattr__(self, name: str) -> Any:  # get_source, get_filename, ...: the real loader's
+        if name == "_inner":
+            raise AttributeError(name)
+        return getattr(self._inner, name)
 
     def create_module(self, spec: ModuleSpec) -> ModuleType | None:
         return self._inner.create_module(spec)
