@@ -2,7 +2,7 @@
 
 URLs::
 
-    redis://[user:password@]host:6379/0[?prefix=kc]        one server (or a Sentinel-managed primary)
+    redis://[user:password@]host:6379/0[?prefix=kc]        one server (or a managed primary endpoint)
     rediss://[user:password@]host:6380/0[?prefix=kc]       the same over TLS
     redis+cluster://[user:password@]host:7000[,host2:7001][?prefix=kc&ssl=true]   Redis Cluster
 
@@ -105,6 +105,12 @@ return 1
 """
 
 
+def _scripts_for(client: Any) -> dict[str, Any]:
+    # Script objects run EVALSHA and reload the script after NOSCRIPT (e.g. a Redis restart).
+    sources = {"put": _PUT_IF_ABSENT, "upsert": _UPSERT, "delete": _DELETE, "touch": _TOUCH}
+    return {name: client.register_script(src) for name, src in sources.items()}
+
+
 def _f(x: float) -> str:
     return repr(float(x))  # exact round trip through Redis strings
 
@@ -161,15 +167,11 @@ class RedisIndex(Index):
         else:
             clean = urlunsplit((parts.scheme, parts.netloc, parts.path, urlencode(passthrough), ""))
             # Standalone clients connect lazily: creating one never touches the network.
-            self._client = redis.Redis.from_url(clean, retry=retry, **common)
-            self._register_scripts()
+            client = redis.Redis.from_url(clean, retry=retry, **common)
+            self._scripts = _scripts_for(client)
+            self._client = client
 
     # ---- plumbing -------------------------------------------------------------------------
-
-    def _register_scripts(self) -> None:
-        # Script objects run EVALSHA and reload the script after NOSCRIPT (e.g. a Redis restart).
-        for name, src in (("put", _PUT_IF_ABSENT), ("upsert", _UPSERT), ("delete", _DELETE), ("touch", _TOUCH)):
-            self._scripts[name] = self._client.register_script(src)
 
     def _redis(self) -> Any:
         if self._client is None:
@@ -177,18 +179,18 @@ class RedisIndex(Index):
                 if self._client is None:
                     # RedisCluster discovers the slot map when built; do that on first use so the
                     # service starts (and reports "not ready") while the cluster is down.
-                    self._client = RedisCluster(**self._cluster_args)
-                    self._register_scripts()
+                    client = RedisCluster(**self._cluster_args)
+                    self._scripts = _scripts_for(client)
+                    self._client = client  # published last: other threads see scripts too
         return self._client
 
     @contextmanager
     def _errors(self) -> Iterator[None]:
         try:
             yield
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
-            raise BackendUnavailable(self.name, f"{type(exc).__name__}: {exc} ({self._safe_url})") from exc
         except (RedisError, RedisClusterException) as exc:
-            # Cluster down/moving, READONLY replica, OOM, ...: the index cannot serve us.
+            # Connection refused/reset, timeouts, cluster down or moving, a READONLY replica
+            # after failover, OOM, ...: in every case the index cannot serve us right now.
             raise BackendUnavailable(self.name, f"{type(exc).__name__}: {exc} ({self._safe_url})") from exc
 
     def _run(self, fn: Callable[[Any], T]) -> T:

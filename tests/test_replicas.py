@@ -1,0 +1,169 @@
+"""Three real ``kcache serve`` replicas over one SeaweedFS (S3) and one Redis.
+
+What a fleet relies on: a kernel written through any replica is served by every replica at
+once, and when replicas race to write one key, exactly one write wins everywhere (the index's
+atomic put-if-absent is the commit point) - with real compiled Triton kernels.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import httpx
+import pytest
+import servers
+from kcache_schemas.pack import (
+    MEDIA_TYPE,
+    build_pack,
+    manifest_for_files,
+    pack_kernel_dir,
+    read_kernel_dir,
+)
+
+pytestmark = pytest.mark.slow
+
+NS = "replica-test"
+
+
+@dataclass(frozen=True)
+class Kernel:
+    key: str
+    pack: bytes
+    files: dict[str, bytes]
+
+
+@dataclass
+class Fleet:
+    replicas: list[servers.KcacheService]
+    kernels: list[Kernel]
+    presigned: servers.KcacheService  # the replica configured with KCACHE_PRESIGNED_DOWNLOADS
+    s3_endpoint: str
+
+
+@pytest.fixture(scope="module")
+def fleet(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    from bench.corpus import compile_small
+
+    root = tmp_path_factory.mktemp("replicas")
+    weed = servers.seaweedfs(request.config)
+    redis_url = servers.shared_redis_url(request.config)
+    blob_prefix, key_prefix = servers.unique("replicas-"), servers.unique("kct-")
+    env = weed.env() | {
+        "KCACHE_BLOB_URL": f"s3://{servers.TEST_BUCKET}/{blob_prefix}",
+        "KCACHE_INDEX_URL": f"{redis_url}?prefix={key_prefix}",
+        "KCACHE_BACKEND_TIMEOUT_S": "5",
+        "KCACHE_ACCESS_FLUSH_S": "0.5",
+    }
+    replicas = [
+        servers.KcacheService(root / f"r{i}", env | ({"KCACHE_PRESIGNED_DOWNLOADS": "true"} if i == 2 else {}),
+                              name=f"replica{i}").launch()
+        for i in range(3)
+    ]
+    try:
+        # Compile while the replicas boot: 4 real sm_90 kernels, packed as a client would.
+        dirs = compile_small(root / "triton", count=4, arch=90)
+        kernels = []
+        for d in dirs:
+            manifest, pack = pack_kernel_dir(d)
+            kernels.append(Kernel(manifest.key, pack, read_kernel_dir(d)))
+        for r in replicas:
+            r.wait_ready()
+        yield Fleet(replicas, kernels, replicas[2], weed.endpoint)
+    finally:
+        for r in replicas:
+            r.stop()
+        servers.drop_prefix(redis_url, key_prefix)
+        weed.empty(servers.TEST_BUCKET, blob_prefix)
+
+
+def _variant(kernel: Kernel, tag: str) -> bytes:
+    """Another valid pack for the same key: different .ptx text, same metadata hash."""
+    files = dict(kernel.files)
+    ptx = next(n for n in files if n.endswith(".ptx"))
+    files[ptx] = files[ptx] + f"\n// variant {tag}\n".encode()
+    return bytes(build_pack(manifest_for_files(kernel.key, files), files))
+
+
+def _get(replica: servers.KcacheService, key: str) -> bytes:
+    with httpx.Client(follow_redirects=True, timeout=10) as client:
+        resp = client.get(f"{replica.url}/v1/{NS}/kernels/{key}")
+    assert resp.status_code == 200, resp.text
+    return resp.content
+
+
+def _put(replica: servers.KcacheService, key: str, pack: bytes) -> httpx.Response:
+    return httpx.put(f"{replica.url}/v1/{NS}/kernels/{key}", content=pack,
+                     headers={"Content-Type": MEDIA_TYPE}, timeout=30)
+
+
+def test_write_through_one_replica_read_through_all(fleet: Fleet) -> None:
+    k = fleet.kernels[0]
+    writer, *others = fleet.replicas
+    resp = _put(writer, k.key, k.pack)
+    assert resp.status_code == 201, resp.text
+    manifest = resp.json()
+    for r in others:
+        # No delay, no cache warm-up: the other replicas see the committed index record at once.
+        assert _get(r, k.key) == k.pack
+        got = httpx.get(f"{r.url}/v1/{NS}/kernels/{k.key}/manifest", timeout=10)
+        assert got.status_code == 200 and got.json() == manifest
+        missing = httpx.post(f"{r.url}/v1/{NS}/kernels:missing",
+                             json={"keys": [k.key, fleet.kernels[1].key]}, timeout=10)
+        assert missing.json()["missing"] == [fleet.kernels[1].key]
+    # Identical re-upload through another replica: accepted, not a new entry.
+    assert _put(others[0], k.key, k.pack).status_code == 200
+
+
+def test_presigned_download_redirects_to_s3(fleet: Fleet) -> None:
+    k = fleet.kernels[0]
+    _put(fleet.replicas[0], k.key, k.pack)
+    resp = httpx.get(f"{fleet.presigned.url}/v1/{NS}/kernels/{k.key}", timeout=10)
+    assert resp.status_code == 307
+    location = resp.headers["location"]
+    assert location.startswith(fleet.s3_endpoint + "/") and "X-Amz-Signature=" in location
+    direct = httpx.get(location, timeout=10)  # straight from the bucket, not through the API tier
+    assert direct.status_code == 200 and direct.content == k.pack
+
+
+@pytest.mark.parametrize("kernel_index", [1, 2])
+def test_racing_conflicting_writes_have_one_winner(fleet: Fleet, kernel_index: int) -> None:
+    k = fleet.kernels[kernel_index]
+    packs = [_variant(k, f"{kernel_index}-{i}") for i in range(len(fleet.replicas))]
+    assert len(set(packs)) == len(packs)
+    barrier = threading.Barrier(len(packs))
+
+    def put(i: int) -> httpx.Response:
+        barrier.wait()
+        return _put(fleet.replicas[i], k.key, packs[i])
+
+    with ThreadPoolExecutor(len(packs)) as pool:
+        responses = list(pool.map(put, range(len(packs))))
+    codes = sorted(r.status_code for r in responses)
+    assert codes == [201, 409, 409], [r.text for r in responses]
+    winner = packs[next(i for i, r in enumerate(responses) if r.status_code == 201)]
+    for r in responses:
+        if r.status_code == 409:
+            assert r.json()["error"]["code"] == "conflict"
+    for replica in fleet.replicas:
+        assert _get(replica, k.key) == winner
+    # The losers stay losers: write-once.
+    loser = next(p for p in packs if p != winner)
+    assert _put(fleet.replicas[1], k.key, loser).status_code == 409
+
+
+def test_racing_identical_writes_create_once(fleet: Fleet) -> None:
+    k = fleet.kernels[3]
+    barrier = threading.Barrier(len(fleet.replicas))
+
+    def put(replica: servers.KcacheService) -> int:
+        barrier.wait()
+        return _put(replica, k.key, k.pack).status_code
+
+    with ThreadPoolExecutor(len(fleet.replicas)) as pool:
+        codes = sorted(pool.map(put, fleet.replicas))
+    assert codes == [200, 200, 201]
+    for replica in fleet.replicas:
+        assert _get(replica, k.key) == k.pack
