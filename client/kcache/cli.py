@@ -182,6 +182,12 @@ def _inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def _stats(args: argparse.Namespace) -> int:
+    from kcache.report import stats_command
+
+    return stats_command(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kcache", description="Distributed cache for compiled GPU kernels")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -227,6 +233,14 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("key")
     inspect.add_argument("--json", action="store_true")
     inspect.set_defaults(func=_inspect)
+
+    stats = remote(sub.add_parser("stats", help="cache-hit statistics of a stats file or a run; gate CI with --fail-under"))
+    stats.add_argument("--file", help="stats file or dir written via KCACHE_STATS_FILE (default: $KCACHE_STATS_FILE)")
+    stats.add_argument("--run", metavar="ID", help="a run on the service (KCACHE_RUN_ID of its processes)")
+    stats.add_argument("--format", choices=("text", "json", "markdown", "junit"), default="text")
+    stats.add_argument("--fail-under", type=float, metavar="RATE", help="exit 2 if the hit rate (percent) is below RATE")
+    stats.add_argument("-o", "--output", help="write the report here instead of stdout")
+    stats.set_defaults(func=_stats)
     return parser
 
 

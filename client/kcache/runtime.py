@@ -217,6 +217,12 @@ class Runtime:
                 self.stats.put_error("workload", type(exc).__name__)
         if self.client is not None:
             self.client.close()
+        try:  # KCACHE_STATS_FILE, KCACHE_REPORT, KCACHE_RUN_ID; fail-open, short deadline
+            from kcache.report import at_exit
+
+            at_exit(self)
+        except Exception as exc:
+            self.warn_once("could not report stats at exit", exc)
 
 
 _runtime: Runtime | None = None

@@ -12,7 +12,8 @@ from kcache_schemas import PackLimits
 from kcache_server import __version__
 from kcache_server.auth import Authenticator
 from kcache_server.errors import install_error_handlers
-from kcache_server.routes import entries, health, kernels, workloads
+from kcache_server.metrics import instrument
+from kcache_server.routes import entries, health, kernels, runs, ui, workloads
 from kcache_server.settings import Settings
 from kcache_server.storage import open_blob_store, open_index
 from kcache_server.store import CacheStore
@@ -62,4 +63,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(kernels.router)
     app.include_router(entries.router)
     app.include_router(workloads.router)
+    app.include_router(runs.router)
+    app.include_router(ui.router)
+    instrument(app)  # /metrics, request metrics middleware, backend error counts
     return app

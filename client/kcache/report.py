@@ -1,0 +1,395 @@
+"""Cache-hit reports: the one-line summary at exit, ``kcache stats`` (text, JSON, Markdown, JUnit),
+``--fail-under``, and sending a process's stats to its run on the service at exit.
+
+Everything here reads a *stats document* (see :mod:`kcache.stats`): a local one from
+``KCACHE_STATS_FILE`` or a run aggregate from ``GET /v1/{namespace}/runs/{run_id}``, which has the
+same ``layers`` shape. Hit rate is ``hits / (hits + misses + errors)``: errors count against it
+and are always shown on their own, never folded into misses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import sys
+import uuid
+from dataclasses import replace
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
+from xml.etree import ElementTree as ET
+
+from kcache import __version__
+from kcache.stats import load_stats, totals, write_stats
+
+if TYPE_CHECKING:
+    from kcache.runtime import Runtime
+
+log = logging.getLogger("kcache")
+FORMATS = ("text", "json", "markdown", "junit")
+EXIT_UNDER_BAR = 2
+# At exit a dead service may cost at most about this long (connect + read), once.
+SEND_TIMEOUT_S = 2.0
+
+
+# ---- numbers -----------------------------------------------------------------------------------
+
+
+def _mb(n: float) -> str:
+    return f"{n / 1e6:.1f} MB"
+
+
+def _pct(rate: float | None) -> str:
+    return "n/a" if rate is None else f"{rate:.1f}%"
+
+
+def _layers(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    layers = doc.get("layers") or {}
+    return {str(k): v for k, v in sorted(layers.items()) if isinstance(v, dict)}
+
+
+def _lookups(c: dict[str, Any]) -> int:
+    return int(c.get("hits", 0)) + int(c.get("misses", 0)) + int(c.get("errors", 0))
+
+
+def _rate(c: dict[str, Any]) -> float | None:
+    n = _lookups(c)
+    return 100.0 * int(c.get("hits", 0)) / n if n else None
+
+
+def overall_rate(doc: dict[str, Any]) -> float | None:
+    return totals(_layers(doc))["hit_rate"]  # type: ignore[no-any-return]
+
+
+def under_bar(rate: float | None, bar: float | None) -> bool:
+    """True when a ``--fail-under`` bar is set and the rate is below it (no lookups is below)."""
+    return bar is not None and (rate is None or rate < bar)
+
+
+def describe(doc: dict[str, Any]) -> str:
+    """"run ci-42 (workload bert, namespace default), 8 processes" or "3 processes"."""
+    parts = []
+    if doc.get("run_id"):
+        parts.append(f"run {doc['run_id']}")
+    extra = []
+    if doc.get("workload"):
+        extra.append(f"workload {doc['workload']}")
+    elif doc.get("workloads"):
+        extra.append("workloads " + ", ".join(doc["workloads"]))
+    if doc.get("namespace"):
+        extra.append(f"namespace {doc['namespace']}")
+    if extra:
+        parts.append(f"({', '.join(extra)})")
+    n = int(doc.get("processes") or 1)
+    text = " ".join(parts)
+    return f"{text}, {n} process{'es' if n != 1 else ''}" if text else f"{n} process{'es' if n != 1 else ''}"
+
+
+# ---- the one-line summary ------------------------------------------------------------------------
+
+
+def summary_line(doc: dict[str, Any]) -> str:
+    """``kcache: 41 hits, 3 misses, 0 errors (93.2% hit rate) | fx-graph 10/10 | kernel 31/34 |
+    12.3 MB down, 0.4 MB up, 0.21 s in kcache, ~38.0 s compile saved``"""
+    layers = _layers(doc)
+    t = totals(layers)
+    rate = "no lookups" if t["hit_rate"] is None else f"{t['hit_rate']:.1f}% hit rate"
+    parts = [f"kcache: {t['hits']} hits, {t['misses']} misses, {t['errors']} errors ({rate})"]
+    for name, c in layers.items():
+        n = _lookups(c)
+        if not n:
+            continue
+        piece = f"{name} {int(c.get('hits', 0))}/{n}"
+        if c.get("errors"):
+            piece += f" ({int(c['errors'])} errors)"
+        parts.append(piece)
+    tail = f"{_mb(t['bytes_down'])} down, {_mb(t['bytes_up'])} up"
+    if t["puts"] or t["put_errors"]:
+        tail += f" ({t['puts']} puts" + (f", {t['put_errors']} failed" if t["put_errors"] else "") + ")"
+    tail += f", {t['seconds']:.2f} s in kcache, ~{t['saved_s']:.1f} s compile saved"
+    parts.append(tail)
+    return " | ".join(parts)
+
+
+# ---- formats -------------------------------------------------------------------------------------
+
+_COLUMNS = ("hits", "misses", "errors", "lookups", "hit rate", "puts", "put errors", "down", "up", "kcache s", "saved s")
+
+
+def _row(c: dict[str, Any]) -> list[str]:
+    return [
+        str(int(c.get("hits", 0))), str(int(c.get("misses", 0))), str(int(c.get("errors", 0))),
+        str(_lookups(c)), _pct(_rate(c)), str(int(c.get("puts", 0))), str(int(c.get("put_errors", 0))),
+        _mb(float(c.get("bytes_down", 0))), _mb(float(c.get("bytes_up", 0))),
+        f"{float(c.get('seconds', 0.0)):.2f}", f"{float(c.get('saved_s', 0.0)):.1f}",
+    ]
+
+
+def _reasons(layers: dict[str, dict[str, Any]], field: str) -> list[tuple[str, str, int]]:
+    return [
+        (name, reason, int(n))
+        for name, c in layers.items()
+        for reason, n in sorted((c.get(field) or {}).items(), key=lambda kv: (-int(kv[1]), kv[0]))
+    ]
+
+
+def format_text(doc: dict[str, Any], fail_under: float | None = None) -> str:
+    layers = _layers(doc)
+    t = totals(layers)
+    lines = [f"kcache stats: {describe(doc)}", ""]
+    rows = [
+        ("Lookups", str(t["lookups"])),
+        ("  hits", str(t["hits"])),
+        ("  misses", str(t["misses"])),
+        ("  errors (service unreachable or bad answers; not misses)", str(t["errors"])),
+        ("Hit rate (hits / lookups)", _pct(t["hit_rate"])),
+        ("Uploads", str(t["puts"])),
+        ("Upload errors", str(t["put_errors"])),
+        ("Skipped (e.g. other GPU target)", str(t["skipped"])),
+        ("Downloaded", _mb(t["bytes_down"])),
+        ("Uploaded", _mb(t["bytes_up"])),
+        ("Time in kcache", f"{t['seconds']:.2f} s"),
+        ("Compile time saved (est.)", f"{t['saved_s']:.1f} s"),
+    ]
+    if fail_under is not None:
+        verdict = "FAIL" if under_bar(t["hit_rate"], fail_under) else "pass"
+        rows.append((f"Bar (--fail-under {fail_under:g}%)", verdict))
+    width = max(len(k) for k, _ in rows)
+    lines += [f"{k:<{width}}  {v:>12}" for k, v in rows]
+    if layers:
+        lines += ["", "Per layer"]
+        table = [["layer", *_COLUMNS]] + [[name, *_row(c)] for name, c in layers.items()]
+        widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
+        for r in table:
+            lines.append("  " + "  ".join(f"{cell:<{widths[0]}}" if i == 0 else f"{cell:>{widths[i]}}" for i, cell in enumerate(r)))
+    for title, field in (("Miss reasons", "miss_reasons"), ("Error kinds", "error_kinds")):
+        found = _reasons(layers, field)
+        if found:
+            lines += ["", title] + [f"  {name}: {reason} x{n}" for name, reason, n in found]
+    return "\n".join(lines) + "\n"
+
+
+def format_json(doc: dict[str, Any], fail_under: float | None = None) -> str:
+    layers = _layers(doc)
+    out = dict(doc)
+    out["layers"] = {name: {**c, "lookups": _lookups(c), "hit_rate": _rate(c)} for name, c in layers.items()}
+    out["totals"] = totals(layers)
+    out["hit_rate"] = out["totals"]["hit_rate"]
+    if fail_under is not None:
+        out["fail_under"] = fail_under
+        out["passed"] = not under_bar(out["hit_rate"], fail_under)
+    return json.dumps(out, indent=2, sort_keys=True) + "\n"
+
+
+def _md(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def format_markdown(doc: dict[str, Any], fail_under: float | None = None) -> str:
+    """For a CI step summary (``>> $GITHUB_STEP_SUMMARY``)."""
+    layers = _layers(doc)
+    t = totals(layers)
+    head = f"### kcache: {_pct(t['hit_rate'])} hit rate"
+    if fail_under is not None:
+        head += (" ❌ below" if under_bar(t["hit_rate"], fail_under) else " ✅ at or above") + f" the {fail_under:g}% bar"
+    lines = [head, "", _md(describe(doc)), ""]
+    lines.append(f"**{t['hits']}** hits, **{t['misses']}** misses, **{t['errors']}** errors"
+                 f" · {_mb(t['bytes_down'])} down, {_mb(t['bytes_up'])} up"
+                 f" · {t['seconds']:.2f} s in kcache · ~{t['saved_s']:.1f} s compile saved")
+    lines += ["", "| layer | " + " | ".join(_COLUMNS) + " |", "|---|" + "---:|" * len(_COLUMNS)]
+    for name, c in layers.items():
+        lines.append(f"| {_md(name)} | " + " | ".join(_row(c)) + " |")
+    lines.append("| **total** | " + " | ".join(f"**{v}**" for v in _row(t)) + " |")
+    if t["errors"]:
+        lines += ["", f"> **{t['errors']} errors**: lookups that failed (service unreachable, timed out or "
+                      "answered badly). They count against the hit rate but are not misses."]
+    for title, field in (("Miss reasons", "miss_reasons"), ("Error kinds", "error_kinds")):
+        found = _reasons(layers, field)
+        if found:
+            lines += ["", f"**{title}:** " + ", ".join(f"{_md(name)} `{_md(reason)}` x{n}" for name, reason, n in found)]
+    return "\n".join(lines) + "\n"
+
+
+def format_junit(doc: dict[str, Any], fail_under: float | None = None) -> str:
+    """One ``<testsuite name="kcache">``: an ``overall`` testcase and one per layer; a testcase
+    fails when its hit rate is under ``fail_under``; layers with no lookups are skipped."""
+    layers = _layers(doc)
+    t = totals(layers)
+    cases: list[ET.Element] = []
+    failures = skipped = 0
+
+    def case(name: str, c: dict[str, Any]) -> None:
+        nonlocal failures, skipped
+        el = ET.Element("testcase", classname="kcache", name=name, time=f"{float(c.get('seconds', 0.0)):.3f}")
+        props = ET.SubElement(el, "properties")
+        rate = _rate(c)
+        for key in ("hits", "misses", "errors", "puts", "put_errors", "bytes_down", "bytes_up"):
+            ET.SubElement(props, "property", name=key, value=str(int(c.get(key, 0))))
+        ET.SubElement(props, "property", name="hit_rate", value="" if rate is None else f"{rate:.2f}")
+        text = (f"{int(c.get('hits', 0))} hits, {int(c.get('misses', 0))} misses, {int(c.get('errors', 0))} errors"
+                f" ({_pct(rate)} hit rate)")
+        if not _lookups(c):
+            ET.SubElement(el, "skipped", message="no lookups")
+            skipped += 1
+        elif under_bar(rate, fail_under):
+            fail = ET.SubElement(el, "failure", type="HitRateBelowBar",
+                                 message=f"hit rate {_pct(rate)} is below {fail_under:g}%")
+            fail.text = text
+            failures += 1
+        ET.SubElement(el, "system-out").text = text
+        cases.append(el)
+
+    case("overall", t)
+    for name, c in layers.items():
+        case(name, c)
+    stamp = doc.get("ended_at")
+    when = datetime.fromtimestamp(float(stamp), timezone.utc) if stamp else datetime.now(timezone.utc)
+    suite = ET.Element(
+        "testsuite", name="kcache", tests=str(len(cases)), failures=str(failures), errors="0",
+        skipped=str(skipped), time=f"{t['seconds']:.3f}", timestamp=when.strftime("%Y-%m-%dT%H:%M:%S"),
+    )
+    props = ET.SubElement(suite, "properties")
+    for key in ("run_id", "namespace", "workload", "processes"):
+        if doc.get(key) is not None:
+            ET.SubElement(props, "property", name=key, value=str(doc[key]))
+    if fail_under is not None:
+        ET.SubElement(props, "property", name="fail_under", value=f"{fail_under:g}")
+    suite.extend(cases)
+    ET.indent(suite)
+    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(suite, encoding="unicode") + "\n"
+
+
+FORMATTERS = {"text": format_text, "json": format_json, "markdown": format_markdown, "junit": format_junit}
+
+
+def render(doc: dict[str, Any], fmt: str = "text", fail_under: float | None = None) -> str:
+    return FORMATTERS[fmt](doc, fail_under)
+
+
+# ---- at exit -------------------------------------------------------------------------------------
+
+
+def at_exit(rt: Runtime) -> None:
+    """Called at the end of ``Runtime.close()``: write ``KCACHE_STATS_FILE``, print the summary
+    line (``KCACHE_REPORT=1``), send the stats to ``KCACHE_RUN_ID`` on the service. Never raises."""
+    cfg = rt.config
+    if not (cfg.stats_file or cfg.report or (cfg.run_id and cfg.enabled)):
+        return
+    try:
+        doc = rt.stats.document(run_id=cfg.run_id, workload=cfg.workload, namespace=cfg.namespace)
+    except Exception as exc:
+        rt.warn_once("could not collect stats at exit", exc)
+        return
+    if not doc["layers"]:
+        # A process that did no cache work (an idle compile worker, a runtime replaced before
+        # use) reports nothing: it would only add noise lines and inflate the process count.
+        return
+    if cfg.stats_file:
+        try:
+            write_stats(cfg.stats_file, doc)
+        except Exception as exc:
+            rt.warn_once(f"could not write stats to {cfg.stats_file}", exc)
+    if cfg.report:
+        with contextlib.suppress(Exception):  # stderr closed at exit: nothing to tell
+            print(summary_line(doc), file=sys.stderr, flush=True)
+    if cfg.run_id and cfg.enabled:
+        try:
+            send_run_stats(rt, doc)
+        except Exception as exc:
+            rt.warn_once(f"could not send stats for run {cfg.run_id}", exc)
+
+
+def run_report(doc: dict[str, Any], report_id: str | None = None) -> dict[str, Any]:
+    """The body of ``POST /v1/{namespace}/runs/{run_id}/stats`` for one process's document."""
+    return {
+        "report_id": report_id or uuid.uuid4().hex,
+        "host": str(doc.get("host", ""))[:255],
+        "pid": int(doc.get("pid", 0)),
+        "workload": doc.get("workload"),
+        "kcache_version": __version__,
+        "started_at": doc.get("started_at") or 0.0,
+        "ended_at": doc.get("ended_at") or 0.0,
+        "layers": doc.get("layers", {}),
+    }
+
+
+def send_run_stats(rt: Runtime, doc: dict[str, Any]) -> bool:
+    """POST this process's stats to its run; skipped while the breaker says the service is down."""
+    from kcache.http import KcacheClient
+
+    cfg = rt.config
+    if not cfg.run_id or not cfg.url:
+        return False
+    if rt.client is not None and rt.client.breaker.state == "open":
+        rt.warn_once(f"service unreachable; stats for run {cfg.run_id} not sent")
+        return False
+    short = replace(
+        cfg, connect_timeout_s=min(cfg.connect_timeout_s, 0.5), read_timeout_s=min(cfg.read_timeout_s, SEND_TIMEOUT_S),
+        retries=0, breaker_failures=1,
+    )
+    client = KcacheClient(short)
+    try:
+        # The report id makes a retry idempotent: the service stores one contribution per id.
+        client.post_json(f"/v1/{cfg.namespace}/runs/{cfg.run_id}/stats", run_report(doc))
+    finally:
+        client.close()
+    return True
+
+
+# ---- kcache stats --------------------------------------------------------------------------------
+
+
+def fetch_run(args: argparse.Namespace, run_id: str) -> dict[str, Any]:
+    from kcache.config import ClientConfig
+    from kcache.http import KcacheClient
+
+    config = ClientConfig.from_env(url=args.url, token=args.token, namespace=args.namespace)
+    if not config.url:
+        raise SystemExit("kcache stats --run: no service URL: pass --url or set KCACHE_URL")
+    config = replace(config, read_timeout_s=max(config.read_timeout_s, 30.0), connect_timeout_s=max(config.connect_timeout_s, 5.0))
+    client = KcacheClient(config)
+    try:
+        body = client.get_json(f"/v1/{config.namespace}/runs/{run_id}")
+    finally:
+        client.close()
+    return body if isinstance(body, dict) else {}
+
+
+def stats_command(args: argparse.Namespace) -> int:
+    """``kcache stats``: 0 when fine, 2 when under ``--fail-under``, 1 when there is nothing to read."""
+    from kcache.errors import NotFound
+
+    if args.file and args.run:
+        print("kcache stats: give --file or --run, not both", file=sys.stderr)
+        return 1
+    source_file = args.file or (None if args.run else os.environ.get("KCACHE_STATS_FILE"))
+    run_id = args.run or (None if source_file else os.environ.get("KCACHE_RUN_ID"))
+    try:
+        if source_file:
+            doc = load_stats(source_file)
+        elif run_id:
+            doc = fetch_run(args, run_id)
+        else:
+            print("kcache stats: give --file PATH or --run ID (or set KCACHE_STATS_FILE / KCACHE_RUN_ID)", file=sys.stderr)
+            return 1
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"kcache stats: {exc}", file=sys.stderr)
+        return 1
+    except NotFound:
+        print(f"kcache stats: no run {run_id!r} on the service (did its processes set KCACHE_RUN_ID?)", file=sys.stderr)
+        return 1
+    text = render(doc, args.format, args.fail_under)
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as f:
+            f.write(text)
+    else:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    rate = overall_rate(doc)
+    if under_bar(rate, args.fail_under):
+        why = "no lookups were recorded" if rate is None else f"hit rate {rate:.1f}%"
+        print(f"kcache stats: {why} is below --fail-under {args.fail_under:g}%", file=sys.stderr)
+        return EXIT_UNDER_BAR
+    return 0

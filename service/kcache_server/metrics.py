@@ -1,0 +1,274 @@
+"""Prometheus metrics for the service (``GET /metrics``), one registry per app.
+
+* ``kcache_http_requests_total{route,method,status}`` and
+  ``kcache_http_request_duration_seconds{route,method}``: by route *template*
+  (``/v1/{namespace}/kernels/{key}``), so label sets stay bounded whatever clients ask for.
+* ``kcache_lookups_total{layer,result}``: cache lookups, ``result`` ``hit`` or ``miss``. A kernel
+  ``GET``/``HEAD`` that finds the pack is a hit, a 404 a miss; each key of a ``kernels:batch-get``
+  counts once (found or missing, read from the stream's leading ``index.json``); entry
+  ``GET``/``HEAD`` count under their layer. Manifest/file views (the dashboard) are not lookups.
+* ``kcache_bytes_received_total{layer}``, ``kcache_bytes_sent_total{layer}``: body bytes; ``layer``
+  is ``kernel``, an entry layer, or ``api`` for everything else.
+* ``kcache_storage_bytes{namespace,kind}``, ``kcache_storage_entries{namespace,kind}``: from
+  ``Index.usage()`` at scrape time, cached for a few seconds. Per-run and per-workload kinds
+  (``run/<id>``, ``workload/<name>``) are summed into ``run`` and ``workload``.
+* ``kcache_backend_errors_total{backend}``: every ``BackendUnavailable`` that reached the API's
+  error handler (answered 503), or a failed usage scrape.
+
+The middleware is plain ASGI (no ``BaseHTTPMiddleware``), so streamed responses stay streamed.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterator, MutableMapping
+from typing import Any
+
+from fastapi import APIRouter, FastAPI, Request, Response
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from kcache_server import __version__
+from kcache_server.storage import BackendUnavailable
+from kcache_server.storage.base import KindUsage
+
+log = logging.getLogger("kcache_server.metrics")
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+ASGIApp = Callable[[Scope, Callable[[], Awaitable[Message]], Callable[[Message], Awaitable[None]]], Awaitable[None]]
+
+# Label values for layers come from a fixed set: a client asking for /entries/<random>/x must not
+# mint new time series.
+KNOWN_LAYERS = frozenset({"kernel", "fx-graph", "autotune", "bundled-autotune", "aot-autograd", "dynamo-pgo"})
+KERNEL_ROUTE = "/v1/{namespace}/kernels/{key}"
+ENTRY_ROUTE = "/v1/{namespace}/entries/{layer}/{key}"
+BATCH_ROUTE = "/v1/{namespace}/kernels:batch-get"
+UNMATCHED = "unmatched"
+_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+_BATCH_HEAD_LIMIT = 1 << 20  # the leading index.json of a batch-get stream (keys only)
+
+
+def kind_label(kind: str) -> str:
+    """``entry/fx-graph`` stays; ``run/<id>`` and ``workload/<name>`` collapse into their family."""
+    head = kind.split("/", 1)[0]
+    return kind if head == "entry" else head
+
+
+def layer_label(layer: str) -> str:
+    return layer if layer in KNOWN_LAYERS else "other"
+
+
+def collapse_usage(usage: dict[str, KindUsage]) -> dict[str, KindUsage]:
+    out: dict[str, KindUsage] = {}
+    for kind, u in usage.items():
+        label = kind_label(kind)
+        prev = out.get(label, KindUsage(0, 0))
+        out[label] = KindUsage(prev.entries + u.entries, prev.bytes + u.bytes)
+    return dict(sorted(out.items()))
+
+
+class StorageCollector(Collector):
+    """Entries and bytes per namespace and kind, read from the index at scrape time (cached)."""
+
+    def __init__(self, metrics: Metrics, store_getter: Callable[[], Any], ttl_s: float) -> None:
+        self._metrics, self._store_getter, self.ttl_s = metrics, store_getter, ttl_s
+        self._lock = threading.Lock()
+        self._cached: tuple[float, dict[str, dict[str, KindUsage]]] | None = None
+
+    def usage(self) -> dict[str, dict[str, KindUsage]] | None:
+        with self._lock:
+            now = time.monotonic()
+            if self._cached is not None and now - self._cached[0] < self.ttl_s:
+                return self._cached[1]
+            store = self._store_getter()
+            if store is None:
+                return None
+            try:
+                raw = store.index.usage()
+            except BackendUnavailable as exc:
+                self._metrics.backend_errors.labels(exc.backend).inc()
+                log.warning("storage usage scrape failed: %s", exc)
+                return self._cached[1] if self._cached else None
+            usage = {ns: collapse_usage(kinds) for ns, kinds in raw.items()}
+            self._cached = (now, usage)
+            return usage
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        nbytes = GaugeMetricFamily("kcache_storage_bytes", "Bytes stored, per namespace and kind", labels=["namespace", "kind"])
+        entries = GaugeMetricFamily("kcache_storage_entries", "Entries stored, per namespace and kind", labels=["namespace", "kind"])
+        for ns, kinds in sorted((self.usage() or {}).items()):
+            for kind, u in kinds.items():
+                nbytes.add_metric([ns, kind], u.bytes)
+                entries.add_metric([ns, kind], u.entries)
+        yield nbytes
+        yield entries
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        # Describing without collecting: registering must not touch the backend.
+        yield GaugeMetricFamily("kcache_storage_bytes", "Bytes stored, per namespace and kind", labels=["namespace", "kind"])
+        yield GaugeMetricFamily("kcache_storage_entries", "Entries stored, per namespace and kind", labels=["namespace", "kind"])
+
+
+class Metrics:
+    """Every metric of one app, in its own registry (tests create many apps in one process)."""
+
+    def __init__(self, store_getter: Callable[[], Any] = lambda: None, usage_ttl_s: float = 10.0) -> None:
+        r = self.registry = CollectorRegistry(auto_describe=True)
+        # Registered first, so a backend error met while scraping usage shows in the same scrape.
+        self.storage = StorageCollector(self, store_getter, usage_ttl_s)
+        r.register(self.storage)
+        self.requests = Counter("kcache_http_requests", "HTTP requests by route template, method and status", ["route", "method", "status"], registry=r)
+        self.duration = Histogram("kcache_http_request_duration_seconds", "HTTP request latency until the last body byte, by route template and method", ["route", "method"], buckets=_BUCKETS, registry=r)
+        self.in_flight = Gauge("kcache_http_requests_in_flight", "HTTP requests being served", registry=r)
+        self.lookups = Counter("kcache_lookups", "Cache lookups by layer and result (hit, miss)", ["layer", "result"], registry=r)
+        self.bytes_received = Counter("kcache_bytes_received", "Request body bytes received, by layer (api: not a cache layer)", ["layer"], registry=r)
+        self.bytes_sent = Counter("kcache_bytes_sent", "Response body bytes sent, by layer (api: not a cache layer)", ["layer"], registry=r)
+        self.backend_errors = Counter("kcache_backend_errors", "Storage backend failures (BackendUnavailable), by backend", ["backend"], registry=r)
+        self.run_reports = Counter("kcache_run_reports", "Client run-stats reports received", registry=r)
+        build = Gauge("kcache_build_info", "kcache service version", ["version"], registry=r)
+        build.labels(__version__).set(1)
+        for result in ("hit", "miss"):  # so rates are defined from the first scrape
+            self.lookups.labels("kernel", result)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+def _template(scope: Scope) -> str:
+    route = scope.get("route")
+    return str(getattr(route, "path", None) or UNMATCHED)
+
+
+def _layer_of(template: str, scope: Scope) -> str:
+    if "/kernels" in template:
+        return "kernel"
+    if template.startswith("/v1/{namespace}/entries/{layer}"):
+        return layer_label(str(scope.get("path_params", {}).get("layer", "")))
+    return "api"
+
+
+def _batch_index(head: bytes) -> dict[str, Any] | None:
+    """The ``index.json`` that leads a batch-get tar stream: a 512-byte ustar header, then data."""
+    if len(head) < 512 or head[:10] != b"index.json":
+        return None
+    try:
+        size = int(head[124:136].rstrip(b"\0 ").decode() or "0", 8)
+        if len(head) < 512 + size:
+            return None
+        body = json.loads(head[512 : 512 + size])
+    except ValueError:
+        return None
+    return body if isinstance(body, dict) else None
+
+
+class MetricsMiddleware:
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope: Scope, receive: Callable[[], Awaitable[Message]], send: Callable[[Message], Awaitable[None]]) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        m = self.metrics
+        start = time.perf_counter()
+        state: dict[str, Any] = {"status": 500, "received": 0, "sent": 0, "head": bytearray()}
+
+        async def counting_receive() -> Message:
+            message = await receive()
+            if message["type"] == "http.request":
+                state["received"] += len(message.get("body", b""))
+            return message
+
+        async def counting_send(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                state["status"] = int(message["status"])
+            elif message["type"] == "http.response.body":
+                body = message.get("body", b"")
+                state["sent"] += len(body)
+                head: bytearray = state["head"]
+                if len(head) < _BATCH_HEAD_LIMIT and _template(scope) == BATCH_ROUTE:
+                    head += body[: _BATCH_HEAD_LIMIT - len(head)]
+            await send(message)
+
+        m.in_flight.inc()
+        try:
+            await self.app(scope, counting_receive, counting_send)
+        finally:
+            m.in_flight.dec()
+            try:
+                self._record(scope, state, time.perf_counter() - start)
+            except Exception:  # metrics must never break a response
+                log.exception("recording metrics failed")
+
+    def _record(self, scope: Scope, state: dict[str, Any], elapsed: float) -> None:
+        m = self.metrics
+        template, method, status = _template(scope), str(scope.get("method", "")), int(state["status"])
+        m.requests.labels(template, method, str(status)).inc()
+        m.duration.labels(template, method).observe(elapsed)
+        layer = _layer_of(template, scope)
+        if state["received"]:
+            m.bytes_received.labels(layer).inc(state["received"])
+        if state["sent"]:
+            m.bytes_sent.labels(layer).inc(state["sent"])
+        if method in ("GET", "HEAD") and template in (KERNEL_ROUTE, ENTRY_ROUTE):
+            if status in (200, 307):
+                m.lookups.labels(layer, "hit").inc()
+            elif status == 404:
+                m.lookups.labels(layer, "miss").inc()
+        elif template == BATCH_ROUTE and status == 200:
+            index = _batch_index(bytes(state["head"]))
+            if index is not None:
+                found, missing = len(index.get("found", [])), len(index.get("missing", []))
+                if found:
+                    m.lookups.labels("kernel", "hit").inc(found)
+                if missing:
+                    m.lookups.labels("kernel", "miss").inc(missing)
+        elif template == "/v1/{namespace}/runs/{run_id}/stats" and method == "POST" and status in (200, 201):
+            m.run_reports.inc()
+
+
+def instrument(app: FastAPI, usage_ttl_s: float | None = None) -> Metrics:
+    """Give ``app`` its metrics: the registry, the middleware, ``/metrics``, and a counting wrapper
+    around the ``BackendUnavailable`` handler (call after the error handlers are installed)."""
+    if usage_ttl_s is None:
+        try:
+            usage_ttl_s = float(os.environ.get("KCACHE_METRICS_USAGE_TTL_S", "10"))
+        except ValueError:
+            usage_ttl_s = 10.0
+    metrics = Metrics(lambda: getattr(app.state, "store", None), usage_ttl_s)
+    app.state.metrics = metrics
+    app.add_middleware(MetricsMiddleware, metrics=metrics)
+    original = app.exception_handlers.get(BackendUnavailable)
+    if original is not None:
+
+        async def counting_handler(request: Request, exc: Exception) -> Response:
+            metrics.backend_errors.labels(getattr(exc, "backend", "unknown")).inc()
+            result = original(request, exc)
+            return await result if inspect.isawaitable(result) else result
+
+        app.add_exception_handler(BackendUnavailable, counting_handler)
+    app.include_router(router)
+    return metrics
+
+
+router = APIRouter(tags=["metrics"])
+
+
+@router.get("/metrics", summary="Prometheus metrics", response_class=Response)
+def metrics_endpoint(request: Request) -> Response:
+    metrics: Metrics = request.app.state.metrics
+    return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
