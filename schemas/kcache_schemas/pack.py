@@ -194,6 +194,25 @@ def _add_member(tf: tarfile.TarFile, name: str, data: bytes) -> None:
     tf.addfile(info, io.BytesIO(data))
 
 
+# tarfile parses PAX records and reads GNU long names before a member reaches our checks, and
+# CPython < 3.11.10 / 3.12.6 parses PAX records in super-linear time (CVE-2024-6232): a few hundred
+# KB of digits in one header pins a CPU for minutes. build_pack writes at most one short "path"
+# record per member, so bigger extended headers are refused before tarfile parses them.
+_MAX_EXTENDED_HEADER = 1024
+_EXTENDED_TYPES = (
+    tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE, tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK,
+)
+
+
+class _GuardedTarInfo(tarfile.TarInfo):
+    def _proc_member(self, tarfile):  # type: ignore[no-untyped-def]
+        if self.type in _EXTENDED_TYPES and self.size > _MAX_EXTENDED_HEADER:
+            raise PackError(
+                f"pack has a {self.size}-byte extended tar header (limit {_MAX_EXTENDED_HEADER})"
+            )
+        return super()._proc_member(tarfile)  # type: ignore[misc]
+
+
 class _CappedReader(io.RawIOBase):
     """Reads a decompressing stream but refuses to yield more than ``cap`` bytes (bomb guard)."""
 
@@ -222,11 +241,11 @@ def read_pack(
     stream = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(data), read_across_frames=True)
     reader = io.BufferedReader(_CappedReader(stream, cap), buffer_size=1 << 16)
     try:
-        with tarfile.open(fileobj=reader, mode="r|") as tf:
+        with tarfile.open(fileobj=reader, mode="r|", tarinfo=_GuardedTarInfo) as tf:
             manifest, files = _read_members(tf, limits)
     except PackError:
         raise
-    except (tarfile.TarError, zstandard.ZstdError, EOFError, OSError) as exc:
+    except (tarfile.TarError, zstandard.ZstdError, EOFError, OSError, IndexError) as exc:
         raise PackError(f"pack is truncated or not a zstd-compressed tar: {exc}") from exc
     check_kernel_files(manifest, files)
     return manifest, files

@@ -9,7 +9,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field, SecretStr, field_validator
+from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 Scope = Literal["read", "write", "admin"]
@@ -67,6 +67,12 @@ class Settings(BaseSettings):
     @property
     def resolved_index_url(self) -> str:
         return self.index_url or f"sqlite://{(self.data_dir / 'index.sqlite3').resolve()}"
+
+    @model_validator(mode="after")
+    def _parse_grants(self) -> Settings:
+        # Parse tokens at load, so a weak or malformed token stops start-up, not the first request.
+        _ = self.grants
+        return self
 
     @cached_property
     def grants(self) -> list[TokenGrant]:
