@@ -32,7 +32,7 @@ class _Trigger:  # a meta path finder (the protocol, not the importlib.abc base 
         spec = importlib.util.find_spec(fullname)
         if spec is None or spec.loader is None:
             return spec
-        spec.loader = _ActivateAfter(spec.loader)
+        spec.loader = _ActivateAfter(spec.loader)  # type: ignore[assignment]
         return spec
 
 
@@ -70,7 +70,7 @@ def _main() -> None:
     # Inductor (vLLM, hand-written kernels) get kcache too. Inert unless KCACHE_URL is set.
     if os.environ.get("KCACHE_TRITON_MANAGER", "1") != "0":
         os.environ.setdefault("TRITON_CACHE_MANAGER", "kcache.triton_manager:KcacheCacheManager")
-    if os.environ.get("KCACHE_WORKLOAD"):
+    if os.environ.get("KCACHE_WORKLOAD") and _claim_prefetch():
         # Start prefetching now, in the background, so downloads overlap imports and model
         # construction. The thread does the (heavier) imports itself.
         import threading
@@ -82,6 +82,12 @@ def _main() -> None:
         kcache.install()
         return
     sys.meta_path.insert(0, _Trigger())
+
+
+def _claim_prefetch() -> bool:
+    from kcache._prefetch_owner import claim_prefetch
+
+    return claim_prefetch()
 
 
 def _start_prefetch() -> None:

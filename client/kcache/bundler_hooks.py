@@ -106,6 +106,7 @@ def install_bundler_hooks(rt: Runtime) -> bool:
         from torch._dynamo.utils import counters
         from torch._inductor.utils import GPU_KERNEL_BIN_EXTS
 
+        t0 = time.perf_counter()
         bin_exts = set(GPU_KERNEL_BIN_EXTS.values())
         names: list[str] = []
         fallback: list[Any] = []
@@ -119,6 +120,7 @@ def install_bundler_hooks(rt: Runtime) -> bool:
             except Exception as exc:
                 rt.warn_once(f"could not emit kernel {ka.kernel_hash} through kcache", exc)
                 fallback.append(ka)
+        rt.bundle_emit_s += time.perf_counter() - t0
         metadata = call("read_and_emit", _with_kernels(bundle, fallback))
         if metadata is not None and hasattr(metadata, "cached_kernel_names"):
             metadata = dataclasses.replace(metadata, cached_kernel_names=names + list(metadata.cached_kernel_names))

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from kcache.workload import Prefetcher
 
 from kcache import __version__
+from kcache._prefetch_owner import claim_prefetch
 from kcache.config import ClientConfig
 from kcache.emitter import EmitOutcome, emit_files, emit_pack
 from kcache.errors import InvalidPack, KcacheError, NotFound
@@ -57,6 +58,7 @@ class Runtime:
         # Keys this process compiled or used: for stats and workload manifests.
         self.used_kernels: set[str] = set()
         self.used_entries: set[tuple[str, str]] = set()
+        self.bundle_emit_s = 0.0  # time spent emitting Inductor bundles (read_and_emit)
         self._lock = threading.Lock()
         self._closed = False
         self._warned: set[str] = set()
@@ -64,7 +66,7 @@ class Runtime:
         secret = os.environ.get("KCACHE_SIGNING_KEY")
         self._secret = secret.encode() if secret else None
         self.prefetcher: Prefetcher | None = None
-        if self.client is not None and config.workload:
+        if self.client is not None and config.workload and claim_prefetch():
             from kcache.workload import Prefetcher
 
             self.prefetcher = Prefetcher(self.client, config.workload, self.local, config.check_target).start()

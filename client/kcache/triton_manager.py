@@ -7,22 +7,25 @@ instead goes to the network on every lookup, even when the file is on local disk
 
 Works for any Triton JIT user (vLLM, hand-written kernels) and for Inductor's compile workers,
 which inherit the environment. Needs ``KCACHE_URL``; without it this is ``FileCacheManager``.
+This module is imported by every process that loads a Triton kernel, Inductor's compile workers
+included, so the client (pydantic, httpx) is imported only on a local miss, never for a hit.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from triton.runtime.cache import FileCacheManager
 
-from kcache.config import ClientConfig
-from kcache.emitter import EmitOutcome
-from kcache.runtime import Runtime, ensure_runtime, get_runtime
-
-_FOUND = (EmitOutcome.EMITTED, EmitOutcome.EXISTING, EmitOutcome.REPAIRED)
+if TYPE_CHECKING:
+    from kcache.runtime import Runtime
 
 
 def _runtime() -> Runtime | None:
+    from kcache.config import ClientConfig
+    from kcache.runtime import ensure_runtime, get_runtime
+
     rt = get_runtime()
     if rt is None:
         config = ClientConfig.from_env()
@@ -44,12 +47,14 @@ class KcacheCacheManager(FileCacheManager):  # type: ignore[misc]
         rt = _runtime()
         if rt is None:
             return None
+        from kcache.emitter import EmitOutcome
+
         try:
             outcome = rt.fetch_kernel(self.key, Path(self.cache_dir).parent)
         except Exception as exc:
             rt.warn_once("kernel fetch failed", exc)
             return None
-        if outcome in _FOUND:
+        if outcome in (EmitOutcome.EMITTED, EmitOutcome.EXISTING, EmitOutcome.REPAIRED):
             return super().get_group(filename)  # type: ignore[no-any-return]
         return None
 

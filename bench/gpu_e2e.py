@@ -1,0 +1,345 @@
+"""GPU end-to-end proof: fleet warm start with real models, each node a fresh process.
+
+For each workload, against a kcache service on the embedded default on the same machine:
+
+* ``cold``           kcache off, empty local caches: first ``torch.compile`` call time.
+* ``populate``       kcache on, empty service (+ KCACHE_WORKLOAD, so the manifest is published).
+* ``kcache-warm``    a fresh node with kcache on.
+* ``kcache-prefetch`` a fresh node with KCACHE_WORKLOAD set: prefetch from interpreter start.
+* ``kernels-only``   a fresh node with only the kernel layer (Triton cache manager; no FX layer).
+* ``local-warm``     the cold node's own caches, second process (the limit).
+
+Each run records the first-call time, Inductor's cache counters and kcache's stats, and saves its
+output so warm runs can be compared with the cold one. Writes ``<out>/gpu_e2e.json`` and a bar
+chart ``<out>/gpu_e2e.png``.
+
+    python bench/gpu_e2e.py --out bench/results [--workloads resnet50,gpt2-train,...]
+    python bench/gpu_e2e.py --out /tmp/smoke --workloads tiny --device cpu   # orchestration check
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+SCENARIOS = ["cold", "populate", "kcache-warm", "kcache-prefetch", "kernels-only", "local-warm"]
+WORKLOADS = ["resnet50", "gpt2-train", "gpt2-autotune", "triton-op"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Workloads (child side)
+# ---------------------------------------------------------------------------------------------
+
+
+def _build(workload: str, device: str) -> tuple[Any, Any]:
+    """Return (step, inputs): ``step(inputs)`` compiles on first call and returns a tensor."""
+    import torch
+
+    torch.manual_seed(0)
+    if workload == "resnet50":
+        import timm
+
+        model = timm.create_model("resnet50", pretrained=False).to(device).eval()
+        x = torch.randn(16, 3, 224, 224, device=device)
+        compiled = torch.compile(model)
+
+        def step(x: Any) -> Any:
+            with torch.no_grad():
+                return compiled(x)
+
+        return step, x
+    if workload in ("gpt2-train", "gpt2-autotune"):
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        cfg = GPT2Config(n_layer=6, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+        model = GPT2LMHeadModel(cfg).to(device)
+        ids = torch.randint(0, cfg.vocab_size, (4, 512), device=device)
+        if workload == "gpt2-train":
+            model.train()
+            compiled = torch.compile(model)
+
+            def step(ids: Any) -> Any:
+                loss = compiled(ids, labels=ids).loss
+                loss.backward()
+                return torch.stack([loss.detach(), model.transformer.wte.weight.grad.norm()])
+
+            return step, ids
+        model.eval()
+        compiled = torch.compile(model, mode="max-autotune-no-cudagraphs")
+
+        def step(ids: Any) -> Any:
+            with torch.no_grad():
+                return compiled(ids).logits
+
+        return step, ids
+    if workload == "triton-op":
+        from bench.gpu_triton_op import TritonOpModel
+
+        model = TritonOpModel().to(device)
+        x = torch.randn(64, 1024, device=device)
+        compiled = torch.compile(model)
+
+        def step(x: Any) -> Any:
+            with torch.no_grad():
+                return compiled(x)
+
+        return step, x
+    if workload == "tiny":  # CPU orchestration check; no timm/transformers needed
+        model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.Linear(64, 8)).to(device)
+        x = torch.randn(32, 64, device=device)
+        compiled = torch.compile(model)
+
+        def step(x: Any) -> Any:
+            with torch.no_grad():
+                return compiled(x)
+
+        return step, x
+    raise SystemExit(f"unknown workload {workload}")
+
+
+def child(workload: str, device: str, out: Path) -> None:
+    t_start = time.perf_counter()
+    import torch
+    from torch._dynamo.utils import counters
+
+    step, inputs = _build(workload, device)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    sync()
+    t0 = time.perf_counter()
+    result = step(inputs)
+    sync()
+    first_call_s = time.perf_counter() - t0
+    torch.save(result.detach().float().cpu(), out / "output.pt")
+    stats = None
+    t_close = time.perf_counter()
+    try:
+        from kcache.runtime import get_runtime
+
+        rt = get_runtime()
+        if rt is not None:
+            prefetch = None
+            if rt.prefetcher is not None:
+                prefetch = {"seconds": rt.prefetcher.seconds, "counts": rt.prefetcher.counts}
+            rt.close()  # flush uploads, publish the workload (what atexit would do)
+            stats = {"layers": rt.stats.snapshot(), "prefetch": prefetch, "bundle_emit_s": rt.bundle_emit_s}
+    except ImportError:
+        pass
+    report = {
+        "first_call_s": first_call_s,
+        "process_s": time.perf_counter() - t_start,
+        "exit_flush_s": time.perf_counter() - t_close,
+        "inductor": {k: v for k, v in counters["inductor"].items() if "cache" in k or "bundler" in k},
+        "aot_autograd": dict(counters["aot_autograd"]),
+        "kcache": stats,
+    }
+    (out / "report.json").write_text(json.dumps(report, indent=1))
+
+
+# ---------------------------------------------------------------------------------------------
+# Orchestrator
+# ---------------------------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Service:
+    def __init__(self, data_dir: Path) -> None:
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "kcache.cli", "serve", "--port", str(self.port), "--data-dir", str(data_dir), "--log-level", "warning"],
+            stdout=subprocess.DEVNULL, stderr=open(data_dir.parent / f"service-{self.port}.log", "w"),  # noqa: SIM115
+            env={**os.environ, "KCACHE_AUTOLOAD": "0"},
+        )
+        import urllib.request
+
+        for _ in range(300):
+            try:
+                urllib.request.urlopen(f"{self.url}/healthz", timeout=1)
+                return
+            except OSError:
+                time.sleep(0.1)
+        raise RuntimeError("kcache service did not start")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
+
+
+def run_node(workload: str, scenario: str, node: Path, device: str, env_extra: dict[str, str], timeout: int) -> dict[str, Any]:
+    out = node / f"out-{scenario}"
+    out.mkdir(parents=True, exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KCACHE_", "TRITON_CACHE", "TORCHINDUCTOR_CACHE"))}
+    env.update(
+        TORCHINDUCTOR_CACHE_DIR=str(node / "inductor"),
+        TRITON_CACHE_DIR=str(node / "triton"),
+        KCACHE_LOCAL_DIR=str(node / "kcache-local"),
+        PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parent.parent), env.get("PYTHONPATH", "")]),
+        **env_extra,
+    )
+    cmd = [sys.executable, __file__, "--child", workload, "--device", device, "--child-out", str(out)]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    wall = time.perf_counter() - t0
+    (out / "stderr.txt").write_text(proc.stderr[-200_000:])
+    if proc.returncode != 0:
+        return {"error": f"exit {proc.returncode}: {proc.stderr[-1500:]}", "wall_s": wall}
+    report = json.loads((out / "report.json").read_text())
+    report["wall_s"] = wall
+    return report
+
+
+def compare_outputs(reference: Path, other: Path) -> dict[str, Any]:
+    import torch
+
+    a, b = torch.load(reference), torch.load(other)
+    return {"bitwise_equal": bool(torch.equal(a, b)), "max_abs_diff": float((a - b).abs().max()) if a.shape == b.shape else None}
+
+
+def run_workload(workload: str, root: Path, device: str, timeout: int, save: Any = None, repeats: int = 0) -> dict[str, Any]:
+    wroot = root / workload
+    shutil.rmtree(wroot, ignore_errors=True)
+    wroot.mkdir(parents=True)
+    service = Service(wroot / "service")
+    on = {"KCACHE_URL": service.url, "KCACHE_FLUSH_TIMEOUT_S": "60"}
+    off = {"KCACHE_MODE": "off", "KCACHE_TRITON_MANAGER": "0"}
+    plans: list[tuple[str, str, dict[str, str]]] = [
+        ("cold", "node-cold", off),
+        ("populate", "node-populate", {**on, "KCACHE_WORKLOAD": workload}),
+        ("kcache-warm", "node-warm", on),
+        ("kcache-prefetch", "node-prefetch", {**on, "KCACHE_WORKLOAD": workload, "KCACHE_MODE": "readonly"}),
+        ("kernels-only", "node-kernels", {**on, "KCACHE_LAYERS": "none"}),
+        ("local-warm", "node-cold", off),  # the cold node again, caches kept
+    ]
+    runs: dict[str, Any] = {}
+    result: dict[str, Any] = {"summary": {}, "runs": runs}
+    try:
+        for scenario, node, env in plans:
+            print(f"[{workload}] {scenario} ...", flush=True)
+            runs[scenario] = run_node(workload, scenario, wroot / node, device, env, timeout)
+            print(f"[{workload}] {scenario}: {runs[scenario].get('first_call_s', runs[scenario].get('error'))}", flush=True)
+            result["summary"] = {s: runs[s].get("first_call_s") for s in SCENARIOS if s in runs}
+            if save is not None:
+                save(result)  # a command cut off by its time limit still leaves what ran
+    finally:
+        service.stop()
+    for i in range(repeats):
+        for scenario, node, env in (("kcache-warm", f"node-warm-r{i}", on), ("local-warm", "node-cold", off)):
+            rep = run_node(workload, f"{scenario}-r{i}", wroot / node, device, env, timeout)
+            runs.setdefault(f"{scenario}-repeats", []).append(rep.get("first_call_s"))
+            print(f"[{workload}] {scenario} repeat {i}: {rep.get('first_call_s', rep.get('error'))}", flush=True)
+            if save is not None:
+                save(result)
+    ref = wroot / "node-cold" / "out-cold" / "output.pt"
+    for scenario, node, _ in plans[1:]:
+        if "error" not in runs.get(scenario, {"error": 1}) and ref.exists():
+            runs[scenario]["output_vs_cold"] = compare_outputs(ref, wroot / node / f"out-{scenario}" / "output.pt")
+    summary: dict[str, Any] = {s: runs[s].get("first_call_s") for s in SCENARIOS if s in runs}
+    for s in ("kcache-warm", "local-warm"):
+        values = [v for v in [summary.get(s), *runs.get(f"{s}-repeats", [])] if v]
+        if len(values) > 1:  # median of the first run and the repeats
+            summary[f"{s}-median"] = sorted(values)[len(values) // 2]
+            summary[s] = summary[f"{s}-median"]
+    local = summary.get("local-warm")
+    if local:
+        for s in ("kcache-warm", "kcache-prefetch"):
+            if summary.get(s):
+                summary[f"{s}/local-warm"] = summary[s] / local  # type: ignore[operator]
+    result["summary"] = summary
+    return result
+
+
+def environment(device: str) -> dict[str, Any]:
+    import torch
+    import triton
+
+    env = {"torch": torch.__version__, "triton": triton.__version__, "python": sys.version.split()[0], "cpu_count": os.cpu_count()}
+    if device == "cuda":
+        env.update(gpu=torch.cuda.get_device_name(0), capability=".".join(map(str, torch.cuda.get_device_capability(0))), cuda=torch.version.cuda)
+    return env
+
+
+def plot(results: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(results["workloads"])
+    fig, ax = plt.subplots(figsize=(11, 5))
+    width = 0.8 / len(SCENARIOS)
+    for i, scenario in enumerate(SCENARIOS):
+        values = [results["workloads"][w]["summary"].get(scenario) or 0 for w in names]
+        bars = ax.bar([x + i * width for x in range(len(names))], values, width, label=scenario)
+        ax.bar_label(bars, fmt="%.1f", fontsize=7)
+    ax.set_xticks([x + width * (len(SCENARIOS) - 1) / 2 for x in range(len(names))], names)
+    ax.set_ylabel("first torch.compile call (s)")
+    env = results["environment"]
+    ax.set_title(f"kcache fleet warm start — {env.get('gpu', env.get('device'))}, torch {env['torch']}, triton {env['triton']}")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default="bench/results")
+    p.add_argument("--workloads", default=",".join(WORKLOADS))
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--work-dir", default="/tmp/kcache-gpu-e2e")
+    p.add_argument("--timeout", type=int, default=420, help="per process")
+    p.add_argument("--tag", default="", help="suffix for the result file names")
+    p.add_argument("--repeats", type=int, default=0, help="extra kcache-warm/local-warm pairs (medians reported)")
+    p.add_argument("--merge", nargs="+", help="merge result files (from several calls) and plot")
+    p.add_argument("--child")
+    p.add_argument("--child-out")
+    args = p.parse_args()
+    if args.child:
+        child(args.child, args.device, Path(args.child_out))
+        return 0
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results: dict[str, Any] = {"environment": {}, "workloads": {}}
+    if not args.merge:
+        results["environment"] = environment(args.device) | {"device": args.device, "date": time.strftime("%Y-%m-%d")}
+    if args.merge:
+        merged = [json.loads(Path(f).read_text()) for f in args.merge]
+        results = merged[0]
+        for extra in merged[1:]:
+            results["workloads"].update(extra["workloads"])
+        (out / "gpu_e2e.json").write_text(json.dumps(results, indent=1))
+        args.tag, args.workloads = "", ""
+    results_file = out / f"gpu_e2e{args.tag}.json"
+
+    for workload in filter(None, args.workloads.split(",")):
+        def save(partial: dict[str, Any], workload: str = workload) -> None:
+            results["workloads"][workload] = partial
+            results_file.write_text(json.dumps(results, indent=1))
+
+        save(run_workload(workload, Path(args.work_dir), args.device, args.timeout, save, args.repeats))
+    try:
+        plot(results, out / f"gpu_e2e{args.tag}.png")
+    except ImportError:
+        print("matplotlib missing: no plot", file=sys.stderr)
+    print(f"{'workload':16}" + "".join(f"{s:>17}" for s in SCENARIOS) + "   warm/local  prefetch/local")
+    for w, r in results["workloads"].items():
+        s = r["summary"]
+        cells = "".join(f"{s.get(x) or float('nan'):17.2f}" for x in SCENARIOS)
+        print(f"{w:16}{cells}   {s.get('kcache-warm/local-warm', float('nan')):10.2f}  {s.get('kcache-prefetch/local-warm', float('nan')):14.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
