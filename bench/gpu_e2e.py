@@ -208,7 +208,9 @@ def compare_outputs(reference: Path, other: Path) -> dict[str, Any]:
     return {"bitwise_equal": bool(torch.equal(a, b)), "max_abs_diff": float((a - b).abs().max()) if a.shape == b.shape else None}
 
 
-def run_workload(workload: str, root: Path, device: str, timeout: int, save: Any = None, repeats: int = 0) -> dict[str, Any]:
+def run_workload(
+    workload: str, root: Path, device: str, timeout: int, save: Any = None, repeats: int = 0, scenarios: list[str] | None = None
+) -> dict[str, Any]:
     wroot = root / workload
     shutil.rmtree(wroot, ignore_errors=True)
     wroot.mkdir(parents=True)
@@ -227,23 +229,26 @@ def run_workload(workload: str, root: Path, device: str, timeout: int, save: Any
     result: dict[str, Any] = {"summary": {}, "runs": runs}
     try:
         for scenario, node, env in plans:
+            if scenarios and scenario not in scenarios:
+                continue
             print(f"[{workload}] {scenario} ...", flush=True)
             runs[scenario] = run_node(workload, scenario, wroot / node, device, env, timeout)
             print(f"[{workload}] {scenario}: {runs[scenario].get('first_call_s', runs[scenario].get('error'))}", flush=True)
             result["summary"] = {s: runs[s].get("first_call_s") for s in SCENARIOS if s in runs}
             if save is not None:
                 save(result)  # a command cut off by its time limit still leaves what ran
+        for i in range(repeats):
+            for scenario, node, env in (("kcache-warm", f"node-warm-r{i}", on), ("local-warm", "node-cold", off)):
+                rep = run_node(workload, f"{scenario}-r{i}", wroot / node, device, env, timeout)
+                runs.setdefault(f"{scenario}-repeats", []).append(rep.get("first_call_s"))
+                runs.setdefault(f"{scenario}-repeat-reports", []).append(rep)
+                print(f"[{workload}] {scenario} repeat {i}: {rep.get('first_call_s', rep.get('error'))}", flush=True)
+                if save is not None:
+                    save(result)
     finally:
         service.stop()
-    for i in range(repeats):
-        for scenario, node, env in (("kcache-warm", f"node-warm-r{i}", on), ("local-warm", "node-cold", off)):
-            rep = run_node(workload, f"{scenario}-r{i}", wroot / node, device, env, timeout)
-            runs.setdefault(f"{scenario}-repeats", []).append(rep.get("first_call_s"))
-            print(f"[{workload}] {scenario} repeat {i}: {rep.get('first_call_s', rep.get('error'))}", flush=True)
-            if save is not None:
-                save(result)
     ref = wroot / "node-cold" / "out-cold" / "output.pt"
-    for scenario, node, _ in plans[1:]:
+    for scenario, node, _ in plans[1:]:  # outputs vs the cold run
         if "error" not in runs.get(scenario, {"error": 1}) and ref.exists():
             runs[scenario]["output_vs_cold"] = compare_outputs(ref, wroot / node / f"out-{scenario}" / "output.pt")
     summary: dict[str, Any] = {s: runs[s].get("first_call_s") for s in SCENARIOS if s in runs}
@@ -301,6 +306,7 @@ def main() -> int:
     p.add_argument("--work-dir", default="/tmp/kcache-gpu-e2e")
     p.add_argument("--timeout", type=int, default=420, help="per process")
     p.add_argument("--tag", default="", help="suffix for the result file names")
+    p.add_argument("--scenarios", default="", help="subset of scenarios to run (cold and local-warm share a node)")
     p.add_argument("--repeats", type=int, default=0, help="extra kcache-warm/local-warm pairs (medians reported)")
     p.add_argument("--merge", nargs="+", help="merge result files (from several calls) and plot")
     p.add_argument("--child")
@@ -328,7 +334,7 @@ def main() -> int:
             results["workloads"][workload] = partial
             results_file.write_text(json.dumps(results, indent=1))
 
-        save(run_workload(workload, Path(args.work_dir), args.device, args.timeout, save, args.repeats))
+        save(run_workload(workload, Path(args.work_dir), args.device, args.timeout, save, args.repeats, args.scenarios.split(",") if args.scenarios else None))
     try:
         plot(results, out / f"gpu_e2e{args.tag}.png")
     except ImportError:
