@@ -117,3 +117,22 @@ def test_triton_manager_is_local_first(live_service, tmp_path: Path) -> None:
     second = run("http://127.0.0.1:9")  # local hits; the (dead) service is never asked
     assert second["hits"] == [True, True]
     assert second["stats"] is None or all(v["errors"] == 0 and v["misses"] == 0 for v in second["stats"].values())
+
+
+@pytest.mark.slow
+def test_kernels_compiled_by_a_process_killed_without_exit_handlers_are_uploaded(live_service, tmp_path: Path) -> None:
+    """Inductor terminates its compile workers (no atexit), so the Triton manager must not leave
+    uploads queued in the background."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KCACHE_", "TRITON_"))}
+    script = (
+        "import os,sys,json; sys.path.insert(0, REPO)\n"
+        "from bench.corpus import compile_small\n"
+        "dirs = compile_small(sys.argv[1], count=2)\n"
+        "print(json.dumps([d.name for d in dirs]), flush=True)\n"
+        "os._exit(0)  # like SIGTERM from ProcessPoolExecutor: no atexit, no flush\n"
+    ).replace("REPO", repr(str(Path(__file__).resolve().parent.parent)))
+    cache = tmp_path / "worker-triton"
+    out = subprocess.run([sys.executable, "-c", script, str(cache)], env={**env, "KCACHE_URL": live_service.url, "TRITON_CACHE_DIR": str(cache), "TRITON_DEFAULT_FP_FUSION": "1"}, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    keys = json.loads(out.stdout.strip().splitlines()[-1])
+    assert KcacheClient(ClientConfig(url=live_service.url)).missing(keys) == []

@@ -136,10 +136,14 @@ class Runtime:
         else:
             self.stats.hit(KERNEL_LAYER, nbytes)
 
-    def upload_kernel_dir(self, key: str, path: Path) -> None:
+    def upload_kernel_dir(self, key: str, path: Path, now: bool = False) -> None:
         self.note_kernel(key)
         if self.uploader is not None:
-            self.uploader.submit(KernelDirUpload(key, path, producer_info()))
+            item = KernelDirUpload(key, path, producer_info())
+            if now:
+                self.uploader.send_now(item)
+            else:
+                self.uploader.submit(item)
 
     def upload_kernel(self, key: str, files: Mapping[str, bytes], compile_time_s: float | None = None) -> None:
         self.note_kernel(key)

@@ -2,7 +2,9 @@
 
 Local dir first (exactly Triton's ``FileCacheManager``); only on a local miss is the service asked,
 and a hit is emitted with the verified emitter, so Triton then loads it as a local hit. After a
-local compile, the finished dir is uploaded in the background. Triton's own ``RemoteCacheManager``
+local compile, the finished dir is uploaded at once by the compiling process (a few ms, bounded by
+the client's deadlines and circuit breaker; compile workers can be killed before a background
+upload would run). Triton's own ``RemoteCacheManager``
 instead goes to the network on every lookup, even when the file is on local disk.
 
 Works for any Triton JIT user (vLLM, hand-written kernels) and for Inductor's compile workers,
@@ -64,7 +66,9 @@ class KcacheCacheManager(FileCacheManager):  # type: ignore[misc]
             rt = _runtime()
             if rt is not None:
                 try:
-                    rt.upload_kernel_dir(self.key, Path(self.cache_dir))
+                    # Now, not in the background: Inductor's compile workers are terminated
+                    # without running exit handlers, which would drop a queued upload.
+                    rt.upload_kernel_dir(self.key, Path(self.cache_dir), now=True)
                 except Exception as exc:
                     rt.warn_once("kernel upload failed", exc)
         return path

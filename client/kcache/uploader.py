@@ -61,12 +61,27 @@ class Uploader:
         self._thread = threading.Thread(target=self._run, name="kcache-uploader", daemon=True)
         self._thread.start()
 
-    def submit(self, item: KernelUpload | KernelDirUpload | EntryUpload) -> bool:
+    def _first_time(self, item: KernelUpload | KernelDirUpload | EntryUpload) -> bool:
         ident = (item.layer, item.key) if isinstance(item, EntryUpload) else ("kernel", item.key)
         with self._seen_lock:
             if ident in self._seen:
                 return False  # already queued or sent by this process
             self._seen.add(ident)
+            return True
+
+    def send_now(self, item: KernelUpload | KernelDirUpload | EntryUpload) -> None:
+        """Upload in the calling thread, for processes that may be killed without running exit
+        handlers (Inductor terminates its compile workers): bounded by the client's deadlines
+        and skipped while the breaker is open."""
+        if self._first_time(item):
+            try:
+                self._send([item])
+            except Exception:  # an upload must never fail the compile
+                log.debug("kcache: upload failed", exc_info=True)
+
+    def submit(self, item: KernelUpload | KernelDirUpload | EntryUpload) -> bool:
+        if not self._first_time(item):
+            return False
         try:
             self._queue.put_nowait(item)
             return True
