@@ -33,8 +33,10 @@ def normalize_kernel_key(raw: str) -> str:
     """Return the canonical 52-char base32 key for a Triton cache-dir name or its 64-hex hash."""
     if _KERNEL_KEY_RE.match(raw):
         # base32 of 32 bytes leaves 4 unused low bits in the last char: reject non-canonical
-        # spellings so one kernel never has two keys.
-        if hex_to_kernel_key(base64.b32decode(raw + "====").hex()) != raw:
+        # spellings so one kernel never has two keys. Those bits are zero only for 'A' (0) and
+        # 'Q' (16), which is what a decode/encode round trip checks, ~50x cheaper (a
+        # find-missing of 10,000 keys spent most of its time here).
+        if raw[-1] not in "AQ":
             raise InvalidKeyError(f"kernel key {raw!r} is not a canonical base32 sha256")
         return raw
     if _HEX_KEY_RE.match(raw):

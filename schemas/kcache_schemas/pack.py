@@ -18,15 +18,17 @@ inspect a pack: ``zstd -dc X.kpack | tar tv``.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import json
 import os
+import re
 import tarfile
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import zstandard
 from pydantic import ValidationError
@@ -89,6 +91,7 @@ def check_kernel_files(manifest: KernelManifest, files: Mapping[str, bytes]) -> 
     """
     if set(files) != {f.name for f in manifest.files}:
         raise PackError("files do not match the manifest's file list")
+    parsed: dict[str, object] = {}  # each .json parsed once
     for f in manifest.files:
         data = files[f.name]
         if len(data) != f.size:
@@ -97,13 +100,16 @@ def check_kernel_files(manifest: KernelManifest, files: Mapping[str, bytes]) -> 
             raise PackError(f"{f.name}: sha256 does not match the manifest")
         if f.name.endswith(".json"):
             try:
-                json.loads(data)
+                parsed[f.name] = json.loads(data)
             except (UnicodeDecodeError, json.JSONDecodeError) as exc:
                 raise PackError(f"{f.name}: not valid JSON ({exc})") from exc
         elif _REPLACE in data:
             raise PackError(f"{f.name}: the {REPLACE_SENTINEL} sentinel may appear only in .json files")
 
-    meta = json.loads(files[manifest.metadata_file])
+    def _json(name: str) -> object:
+        return parsed[name] if name in parsed else json.loads(files[name])
+
+    meta = _json(manifest.metadata_file)
     if not isinstance(meta, dict):
         raise PackError(f"{manifest.metadata_file}: not a JSON object")
     hex_hash = meta.get("hash")
@@ -123,7 +129,7 @@ def check_kernel_files(manifest: KernelManifest, files: Mapping[str, bytes]) -> 
     if _target_from_metadata(meta) != manifest.target:
         raise PackError("manifest target does not match the kernel metadata's target")
 
-    group = json.loads(files[manifest.group_file])
+    group = _json(manifest.group_file)
     children = group.get("child_paths") if isinstance(group, dict) else None
     if not isinstance(children, dict):
         raise PackError(f"{manifest.group_file}: no 'child_paths' object")
@@ -238,30 +244,114 @@ def read_pack(
     """Parse and fully verify pack bytes; every problem is a :class:`PackError`."""
     cap = limits.max_unpacked_bytes + limits.max_manifest_bytes
     cap += _TAR_OVERHEAD_PER_MEMBER * (limits.max_files + 2)
-    stream = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(data), read_across_frames=True)
-    reader = io.BufferedReader(_CappedReader(stream, cap), buffer_size=1 << 16)
-    try:
-        with tarfile.open(fileobj=reader, mode="r|", tarinfo=_GuardedTarInfo) as tf:
-            manifest, files = _read_members(tf, limits)
-    except PackError:
-        raise
-    except (tarfile.TarError, zstandard.ZstdError, EOFError, OSError, IndexError) as exc:
-        raise PackError(f"pack is truncated or not a zstd-compressed tar: {exc}") from exc
+    members = _plain_tar_members(data, min(cap, _FAST_PATH_BYTES))
+    if members is not None:
+        # Fast path for the common case: one zstd frame of a small plain tar (what build_pack
+        # writes), decompressed and walked in memory. Same checks, same errors: _read_members
+        # does all the judging, exactly as on the streaming path.
+        manifest, files = _read_members(iter(members), _MemberBytes.read, limits)
+    else:
+        stream = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(data), read_across_frames=True)
+        reader = io.BufferedReader(_CappedReader(stream, cap), buffer_size=1 << 16)
+        try:
+            with tarfile.open(fileobj=reader, mode="r|", tarinfo=_GuardedTarInfo) as tf:
+                manifest, files = _read_members(iter(tf), functools.partial(_read_member, tf), limits)
+        except PackError:
+            raise
+        except (tarfile.TarError, zstandard.ZstdError, EOFError, OSError, IndexError) as exc:
+            raise PackError(f"pack is truncated or not a zstd-compressed tar: {exc}") from exc
     check_kernel_files(manifest, files)
     return manifest, files
 
 
+# Packs whose tar is at most this big are decompressed in one call and walked in memory; larger
+# ones (and anything unusual) stream through tarfile under the bomb guard.
+_FAST_PATH_BYTES = 32 << 20
+_ZERO_BLOCK = bytes(512)
+
+
+@dataclass(frozen=True)
+class _MemberBytes:
+    """A plain regular tar member found by :func:`_plain_tar_members` (quacks like TarInfo)."""
+
+    name: str
+    size: int
+    data: bytes
+
+    def isreg(self) -> bool:
+        return True
+
+    def issym(self) -> bool:
+        return False
+
+    def islnk(self) -> bool:
+        return False
+
+    def read(self) -> bytes:
+        return self.data
+
+
+# The numeric fields of a header as tarfile writes them for a regular file (octal digits,
+# NUL-terminated: mode, uid, gid, size, mtime, checksum "%06o\0 "), typeflag..gname skipped,
+# then devmajor/devminor (octal or all-NUL) and an empty ustar prefix. Matched from offset 100.
+_PLAIN_HEADER = re.compile(
+    rb"[0-7]{7}\0[0-7]{7}\0[0-7]{7}\0([0-7]{11})\0[0-7]{11}\0([0-7]{6})\0 .{173}"
+    rb"(?:[0-7]{7}\0|\0{8}){2}\0",
+    re.DOTALL,
+)
+
+
+def _plain_tar_members(data: bytes, budget: int) -> list[_MemberBytes] | None:
+    """The members of a pack that is one zstd frame of at most ``budget`` bytes holding a plain
+    tar (headers as tarfile writes them for regular files, valid checksums, no PAX/GNU
+    extensions, no ustar prefix), in order. None for anything else: the caller then takes the
+    streaming tarfile path, which judges (and words its errors about) every unusual or hostile
+    input, so this shortcut never changes what is accepted or how a refusal reads.
+    """
+    try:
+        declared = zstandard.frame_content_size(data)
+        if declared > budget:
+            return None
+        dctx = zstandard.ZstdDecompressor()
+        if declared < 0:  # not declared: cap the output
+            raw = dctx.decompress(data, max_output_size=budget, allow_extra_data=False)
+        else:  # declared, and zstd checks it against the real output
+            raw = dctx.decompress(data, allow_extra_data=False)
+    except zstandard.ZstdError:
+        return None
+    if not raw:
+        return None  # tarfile calls that an "empty file"
+    members: list[_MemberBytes] = []
+    off, end = 0, len(raw)
+    while off < end:  # ending exactly at a header boundary is tarfile's end of archive too
+        hdr = raw[off : off + 512]
+        if hdr == _ZERO_BLOCK:
+            break  # end-of-archive block: tarfile stops here and ignores the rest
+        m = _PLAIN_HEADER.match(hdr, 100) if len(hdr) == 512 else None
+        if m is None or hdr[156:157] not in (tarfile.REGTYPE, tarfile.AREGTYPE):
+            return None
+        if int(m[2], 8) != 256 + sum(hdr[:148]) + sum(hdr[156:]):
+            return None
+        size = int(m[1], 8)
+        name = hdr[:100].split(b"\0", 1)[0].decode(tarfile.ENCODING, "surrogateescape")
+        start = off + 512
+        off = start + -(-size // 512) * 512
+        if name.endswith("/") or off > end:
+            return None
+        members.append(_MemberBytes(name, size, raw[start : start + size]))
+    return members
+
+
 def _read_members(
-    tf: tarfile.TarFile, limits: PackLimits
+    members: Iterator[Any], read: Callable[[Any], bytes], limits: PackLimits
 ) -> tuple[KernelManifest, dict[str, bytes]]:
-    members = iter(tf)
     first = next(members, None)
     if first is None or first.name != MANIFEST_NAME or not first.isreg():
         raise PackError(f"the first pack member must be the regular file {MANIFEST_NAME}")
     if first.size > limits.max_manifest_bytes:
         raise PackError("pack manifest is too large", ErrorCode.TOO_LARGE)
     try:
-        manifest = KernelManifest.model_validate_json(_read_member(tf, first))
+        manifest = KernelManifest.model_validate_json(read(first))
     except ValidationError as exc:
         raise PackError(f"invalid pack manifest: {_first_error(exc)}") from exc
     if len(manifest.files) > limits.max_files:
@@ -283,14 +373,14 @@ def _read_members(
             raise PackError(f"pack member {member.name[:120]!r} is not {expected.name!r} (manifest order)")
         if member.size != expected.size:
             raise PackError(f"{member.name}: tar size {member.size} != manifest size {expected.size}")
-        files[member.name] = _read_member(tf, member)
+        files[member.name] = read(member)
     extra = next(members, None)
     if extra is not None:
         raise PackError(f"pack member {extra.name[:120]!r} is not named by the manifest")
     return manifest, files
 
 
-def _read_member(tf: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:
+def _read_member(tf: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:  # streaming path
     fh = tf.extractfile(member)
     if fh is None:
         raise PackError(f"pack member {member.name!r} has no data")

@@ -1,4 +1,9 @@
-"""FastAPI dependencies: the store, validated path parameters, and scope checks."""
+"""FastAPI dependencies: the store, validated path parameters, and scope checks.
+
+All of them are ``async def``: they only read app state and validate strings. FastAPI runs a
+plain ``def`` dependency in the thread pool, and with one hop per dependency the hops were
+most of the cost of a kernel GET (they never block, so the event loop is the right place).
+"""
 
 from __future__ import annotations
 
@@ -17,31 +22,31 @@ from kcache_server.settings import Settings
 from kcache_server.store import CacheStore
 
 
-def get_store(request: Request) -> CacheStore:
+async def get_store(request: Request) -> CacheStore:
     return request.app.state.store  # type: ignore[no-any-return]
 
 
-def get_settings(request: Request) -> Settings:
+async def get_settings(request: Request) -> Settings:
     return request.app.state.settings  # type: ignore[no-any-return]
 
 
-def get_auth(request: Request) -> Authenticator:
+async def get_auth(request: Request) -> Authenticator:
     return request.app.state.auth  # type: ignore[no-any-return]
 
 
-def _namespace(namespace: Annotated[str, Path(description="e.g. a team or environment")]) -> str:
+async def _namespace(namespace: Annotated[str, Path(description="e.g. a team or environment")]) -> str:
     return validate_namespace(namespace)
 
 
-def _kernel_key(key: Annotated[str, Path(description="Triton cache-dir name (52 base32) or 64-hex hash")]) -> str:
+async def _kernel_key(key: Annotated[str, Path(description="Triton cache-dir name (52 base32) or 64-hex hash")]) -> str:
     return normalize_kernel_key(key)
 
 
-def _layer(layer: Annotated[str, Path(description="fx-graph, autotune, bundled-autotune, aot-autograd, dynamo-pgo")]) -> str:
+async def _layer(layer: Annotated[str, Path(description="fx-graph, autotune, bundled-autotune, aot-autograd, dynamo-pgo")]) -> str:
     return validate_layer(layer)
 
 
-def _entry_key(key: str) -> str:
+async def _entry_key(key: str) -> str:
     return normalize_entry_key(key)
 
 
@@ -54,7 +59,7 @@ EntryKey = Annotated[str, Depends(_entry_key)]
 
 
 def _scope_checker(scope: str):  # type: ignore[no-untyped-def]
-    def check(
+    async def check(
         namespace: Namespace,
         auth: Annotated[Authenticator, Depends(get_auth)],
         authorization: Annotated[str | None, Header()] = None,

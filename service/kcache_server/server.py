@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
 import sys
 import time
 from typing import Any
@@ -54,12 +55,39 @@ def serve(settings_overrides: dict[str, Any]) -> None:
         print(f"kcache: data in {settings.data_dir.resolve()} (blobs {settings.resolved_blob_url}, "
               f"index {settings.resolved_index_url})", file=sys.stderr)
     print(f"kcache: serving on http://{settings.host}:{settings.port} (API docs at /docs)", file=sys.stderr)
-    uvicorn.run(
-        "kcache_server.app:create_app",
-        factory=True,
-        host=settings.host,
-        port=settings.port,
-        workers=settings.workers,
-        log_config=log_config(settings.log_level),
-        proxy_headers=True,
-    )
+    from uvicorn.config import Config
+
+    bind_socket = Config.bind_socket
+
+    def bind_tcp_socket(config: Config) -> socket.socket:
+        return _with_tcp_proto(bind_socket(config))
+
+    # Only the supervisor of ``--workers N`` calls bind_socket; restored when uvicorn returns.
+    setattr(Config, "bind_socket", bind_tcp_socket)  # noqa: B010 - a method, not an attribute
+    try:
+        uvicorn.run(
+            "kcache_server.app:create_app",
+            factory=True,
+            host=settings.host,
+            port=settings.port,
+            workers=settings.workers,
+            log_config=log_config(settings.log_level),
+            proxy_headers=True,
+        )
+    finally:
+        setattr(Config, "bind_socket", bind_socket)  # noqa: B010
+
+
+def _with_tcp_proto(sock: socket.socket) -> socket.socket:
+    """The listening socket uvicorn binds for ``--workers N`` with ``proto`` set to TCP.
+
+    uvicorn's ``Config.bind_socket`` leaves ``proto`` 0; accepted connections inherit it and
+    asyncio turns on TCP_NODELAY only for ``proto == IPPROTO_TCP``, so with ``--workers`` > 1
+    every keep-alive response waited ~40 ms for the client's delayed ACK (Nagle):
+    Kludex/uvicorn#3149. Same fd, same bound address, only the Python-side metadata changes.
+    """
+    if sock.family in (socket.AF_INET, socket.AF_INET6) and sock.type == socket.SOCK_STREAM and sock.proto == 0:
+        inheritable = sock.get_inheritable()
+        sock = socket.socket(sock.family, sock.type, socket.IPPROTO_TCP, fileno=sock.detach())
+        sock.set_inheritable(inheritable)
+    return sock
