@@ -145,26 +145,3 @@ def test_a_bogus_url_breaks_neither_the_import_nor_the_compile_path(tmp_path: Pa
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split() == ["OK", "3"], (proc.stdout, proc.stderr[-2000:])
     assert not (tmp_path / "triton").exists()
-
-
-def test_inductor_compile_workers_get_only_the_triton_manager(tmp_path: Path, dead_url: str) -> None:
-    """Inductor's compile sidecar runs compile_worker/__main__.py; its workers need only the
-    Triton cache manager, not the bundler/remote-cache hooks (which would delay each worker)."""
-    worker = tmp_path / "torch" / "_inductor" / "compile_worker" / "__main__.py"
-    worker.parent.mkdir(parents=True)
-    worker.write_text(PROBE)
-    environ = clean_env(KCACHE_URL=dead_url, KCACHE_LOCAL_DIR=str(tmp_path / "kcache-local"))
-    environ.pop("TRITON_CACHE_MANAGER", None)
-    proc = subprocess.run(
-        [sys.executable, str(worker), ",".join(WATCHED), "torch._inductor.triton_bundler"],
-        capture_output=True, text=True, timeout=180, env=environ, cwd=tmp_path,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    steps = json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("PROBE"))[len("PROBE"):])
-    after = steps["torch._inductor.triton_bundler"]
-    assert after["env_manager"] == "kcache.triton_manager:KcacheCacheManager"
-    assert set(after["hooks"].values()) != {"kcache.bundler_hooks"}  # Inductor's own methods
-    assert "httpx" not in top(after["modules"]) and "pydantic" not in top(after["modules"])
-    # The same script under another name is a user's process: fully hooked.
-    normal = probe(tmp_path, "torch._inductor.triton_bundler", KCACHE_URL=dead_url)
-    assert set(normal["torch._inductor.triton_bundler"]["hooks"].values()) == {"kcache.bundler_hooks"}

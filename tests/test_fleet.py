@@ -121,8 +121,8 @@ def test_triton_manager_is_local_first(live_service, tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_kernels_compiled_by_a_process_killed_without_exit_handlers_are_uploaded(live_service, tmp_path: Path) -> None:
-    """Inductor terminates its compile workers (no atexit), so the Triton manager must not leave
-    uploads queued in the background."""
+    """Inductor terminates its compile workers (no atexit), so there the Triton manager must not
+    leave uploads queued in the background."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("KCACHE_", "TRITON_"))}
     script = (
         "import os,sys,json; sys.path.insert(0, REPO)\n"
@@ -132,7 +132,22 @@ def test_kernels_compiled_by_a_process_killed_without_exit_handlers_are_uploaded
         "os._exit(0)  # like SIGTERM from ProcessPoolExecutor: no atexit, no flush\n"
     ).replace("REPO", repr(str(Path(__file__).resolve().parent.parent)))
     cache = tmp_path / "worker-triton"
-    out = subprocess.run([sys.executable, "-c", script, str(cache)], env={**env, "KCACHE_URL": live_service.url, "TRITON_CACHE_DIR": str(cache), "TRITON_DEFAULT_FP_FUSION": "1"}, capture_output=True, text=True, timeout=120)
+    # Run it as Inductor runs its compile sidecar: from torch/_inductor/compile_worker/__main__.py.
+    worker = tmp_path / "torch" / "_inductor" / "compile_worker" / "__main__.py"
+    worker.parent.mkdir(parents=True)
+    worker.write_text(script)
+    out = subprocess.run([sys.executable, str(worker), str(cache)], env={**env, "KCACHE_URL": live_service.url, "TRITON_CACHE_DIR": str(cache), "TRITON_DEFAULT_FP_FUSION": "1"}, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     keys = json.loads(out.stdout.strip().splitlines()[-1])
     assert KcacheClient(ClientConfig(url=live_service.url)).missing(keys) == []
+
+
+def test_compile_worker_detection(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kcache._process import in_inductor_compile_worker
+
+    monkeypatch.setattr(sys, "argv", ["/venv/lib/python3.12/site-packages/torch/_inductor/compile_worker/__main__.py", "--pickler=x"])
+    assert in_inductor_compile_worker()
+    monkeypatch.setattr(sys, "argv", ["train.py"])
+    assert not in_inductor_compile_worker()
+    monkeypatch.setattr(sys, "argv", ["/home/me/compile_worker_notes/train.py"])
+    assert not in_inductor_compile_worker()

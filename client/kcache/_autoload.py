@@ -50,11 +50,6 @@ class _ActivateAfter:  # a loader: runs the real one, then installs kcache
 
     def exec_module(self, module: ModuleType) -> None:
         self._inner.exec_module(module)
-        if in_inductor_compile_worker():
-            # Compile workers only compile and load Triton kernels: the Triton cache manager
-            # (set in the environment) serves them. The FX-graph/bundler hooks belong to the
-            # parent; installing them in every worker would delay each worker's first kernel.
-            return
         try:
             import kcache
 
@@ -63,13 +58,6 @@ class _ActivateAfter:  # a loader: runs the real one, then installs kcache
             import logging
 
             logging.getLogger("kcache").warning("kcache: automatic activation failed", exc_info=True)
-
-
-def in_inductor_compile_worker() -> bool:
-    """Inductor's compile sidecar and its pool workers run compile_worker/__main__.py
-    (spawned workers get the sidecar's argv back from multiprocessing)."""
-    argv0 = sys.argv[0] if getattr(sys, "argv", None) else ""
-    return "compile_worker" in argv0.replace("\\", "/").split("/")
 
 
 def _main() -> None:
@@ -97,7 +85,7 @@ def _main() -> None:
 
 
 def _claim_prefetch() -> bool:
-    from kcache._prefetch_owner import claim_prefetch
+    from kcache._process import claim_prefetch
 
     return claim_prefetch()
 

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from kcache.workload import Prefetcher
 
 from kcache import __version__
-from kcache._prefetch_owner import claim_prefetch
+from kcache._process import claim_prefetch
 from kcache.config import ClientConfig
 from kcache.emitter import EmitOutcome, emit_files, emit_pack
 from kcache.errors import InvalidPack, KcacheError, NotFound

@@ -2,9 +2,8 @@
 
 Local dir first (exactly Triton's ``FileCacheManager``); only on a local miss is the service asked,
 and a hit is emitted with the verified emitter, so Triton then loads it as a local hit. After a
-local compile, the finished dir is uploaded at once by the compiling process (a few ms, bounded by
-the client's deadlines and circuit breaker; compile workers can be killed before a background
-upload would run). Triton's own ``RemoteCacheManager``
+local compile, the finished dir is uploaded in the background; in Inductor's compile workers,
+which are killed without exit handlers, at once (bounded by the client's deadlines and breaker). Triton's own ``RemoteCacheManager``
 instead goes to the network on every lookup, even when the file is on local disk.
 
 Works for any Triton JIT user (vLLM, hand-written kernels) and for Inductor's compile workers,
@@ -19,6 +18,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from triton.runtime.cache import FileCacheManager
+
+from kcache._process import in_inductor_compile_worker
 
 if TYPE_CHECKING:
     from kcache.runtime import Runtime
@@ -66,9 +67,10 @@ class KcacheCacheManager(FileCacheManager):  # type: ignore[misc]
             rt = _runtime()
             if rt is not None:
                 try:
-                    # Now, not in the background: Inductor's compile workers are terminated
-                    # without running exit handlers, which would drop a queued upload.
-                    rt.upload_kernel_dir(self.key, Path(self.cache_dir), now=True)
+                    # Inductor terminates its compile workers without running exit handlers,
+                    # which would drop a queued upload: there, upload now (workers compile in
+                    # parallel). Elsewhere in the background, off the compile path.
+                    rt.upload_kernel_dir(self.key, Path(self.cache_dir), now=in_inductor_compile_worker())
                 except Exception as exc:
                     rt.warn_once("kernel upload failed", exc)
         return path
