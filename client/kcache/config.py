@@ -33,7 +33,7 @@ class ClientConfig:
     # Deadlines are short on purpose: a cache that answers late is worse than a miss, because the
     # compile it should speed up is waiting on it.
     connect_timeout_s: float = 0.5
-    read_timeout_s: float = 5.0
+    read_timeout_s: float = 2.0
     retries: int = 1
     breaker_failures: int = 3
     breaker_reset_s: float = 30.0
@@ -62,7 +62,7 @@ class ClientConfig:
             namespace=os.environ.get("KCACHE_NAMESPACE", "default"),
             mode=mode if mode in _MODES else "readwrite",  # type: ignore[arg-type]
             connect_timeout_s=_float("KCACHE_CONNECT_TIMEOUT_S", 0.5),
-            read_timeout_s=_float("KCACHE_READ_TIMEOUT_S", 5.0),
+            read_timeout_s=_float("KCACHE_READ_TIMEOUT_S", 2.0),
             retries=_int("KCACHE_RETRIES", 1),
             breaker_failures=_int("KCACHE_BREAKER_FAILURES", 3),
             breaker_reset_s=_float("KCACHE_BREAKER_RESET_S", 30.0),

@@ -87,6 +87,8 @@ class KcacheClient:
                 response = self._send(method, path, **kwargs)
             except httpx.HTTPError as exc:  # timeouts, refused, reset, undecodable body, redirect loop
                 last = ServiceUnavailable(f"{method} {path}: {type(exc).__name__}: {exc}")
+                if isinstance(exc, httpx.TimeoutException):
+                    break  # a service that let a whole deadline pass won't answer a retry sooner
             else:
                 if response.status_code < 500:
                     self.breaker.success()

@@ -10,6 +10,8 @@ import sys
 import time
 from typing import Any
 
+from pydantic import ValidationError
+
 from kcache_server.settings import Settings
 
 
@@ -47,7 +49,11 @@ def serve(settings_overrides: dict[str, Any]) -> None:
     for name, value in settings_overrides.items():
         if value is not None:
             os.environ[f"KCACHE_{name.upper()}"] = str(value)
-    settings = Settings()
+    try:
+        settings = Settings()
+    except ValidationError as exc:  # e.g. a weak token: say which setting, not a traceback
+        errors = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'settings'}: {e['msg']}" for e in exc.errors())
+        raise SystemExit(f"kcache: invalid settings: {errors}") from None
     settings.check_bind()
     import uvicorn
 
