@@ -151,3 +151,26 @@ def test_compile_worker_detection(monkeypatch: pytest.MonkeyPatch) -> None:
     assert not in_inductor_compile_worker()
     monkeypatch.setattr(sys, "argv", ["/home/me/compile_worker_notes/train.py"])
     assert not in_inductor_compile_worker()
+
+
+def test_ls_workloads_shows_environment_fingerprints(live_service, capsys: pytest.CaptureFixture[str]) -> None:
+    from kcache.cli import main as cli
+    from kcache.fingerprint import current
+    from kcache.workload import publish
+    from kcache_schemas.models import EnvFingerprint
+
+    client = KcacheClient(ClientConfig(url=live_service.url))
+    publish(client, "llama-ft", set(), {("fx-graph", "pt2:fx-graph-v1::abc:c1")})
+    # The same workload recorded in another environment is kept apart, and shown as such.
+    other = EnvFingerprint(torch="2.11.0+cu130", triton="3.6.0", cuda="13.0", gpu_arch="sm_90")
+    client.put_json(
+        "/v1/default/workloads/llama-ft",
+        json.dumps({"name": "llama-ft", "fingerprint": other.model_dump(), "entries": [{"layer": "fx-graph", "key": "pt2:x:c1"}]}),
+    )
+    assert cli(["ls", "--workloads", "--url", live_service.url]) == 0
+    out = capsys.readouterr().out
+    assert f"{current().id}" in out and "(this machine)" in out
+    assert other.id in out and "torch 2.11.0+cu130" in out
+    view = client.get_json("/v1/default/workloads/llama-ft", fingerprint=current().id)
+    assert [e["key"] for e in view["entries"]] == ["pt2:fx-graph-v1::abc:c1"]  # environments stay apart
+    assert [fp["torch"] for fp in view["other_fingerprints"]] == ["2.11.0+cu130"]

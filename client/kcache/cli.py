@@ -153,7 +153,31 @@ def _warm(args: argparse.Namespace) -> int:
     return 0 if counts["refused"] == 0 else 1
 
 
+def _ls_workloads(args: argparse.Namespace) -> int:
+    """Workloads with the environments (fingerprints) their runs were recorded in."""
+    from kcache_schemas.models import WorkloadSummary
+
+    from kcache.fingerprint import current
+
+    client = _client(args)
+    body = client.get_json(f"/v1/{client.config.namespace}/workloads")
+    summaries = [WorkloadSummary.model_validate(item) for item in body]
+    if args.json:
+        print(json.dumps([w.model_dump(mode="json") for w in summaries], indent=2))
+        return 0
+    here = current().id
+    print(f"{'WORKLOAD':32}  {'RUNS':>4}  {'ENV':16}  ENVIRONMENT")
+    for w in summaries:
+        for fp in w.fingerprints:
+            mark = " (this machine)" if fp.id == here else ""
+            print(f"{w.name[:32]:32}  {w.runs:>4}  {fp.id:16}  {fp.describe()}{mark}")
+    print(f"{len(summaries)} workloads; this machine: {current().describe()}", file=sys.stderr)
+    return 0
+
+
 def _ls(args: argparse.Namespace) -> int:
+    if args.workloads:
+        return _ls_workloads(args)
     client = _client(args)
     entries = list(client.list_kernels(prefix=args.prefix or ""))
     if args.json:
@@ -227,6 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
     ls = remote(sub.add_parser("ls", help="list kernels in the namespace"))
     ls.add_argument("--prefix", help="key prefix")
     ls.add_argument("--json", action="store_true")
+    ls.add_argument("--workloads", action="store_true", help="list workloads and their environment fingerprints")
     ls.set_defaults(func=_ls)
 
     inspect = remote(sub.add_parser("inspect", help="show a kernel's manifest, target, sizes and files"))
