@@ -12,9 +12,9 @@ import logging
 import os
 import sys
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from kcache_schemas import KernelManifest, PackError, Producer
 
@@ -34,6 +34,7 @@ from kcache.uploader import EntryUpload, KernelDirUpload, KernelUpload, Uploader
 
 log = logging.getLogger("kcache")
 KERNEL_LAYER = "kernel"
+T = TypeVar("T")
 
 
 def producer_info(compile_time_s: float | None = None) -> Producer:
@@ -85,6 +86,19 @@ class Runtime:
         self.stats.error(layer, "unexpected")
         self.warn_once(f"unexpected {type(exc).__name__} talking to the service", exc)
 
+    def _remote(self, layer: str, call: Callable[[], T]) -> T | None:
+        """Run one service call for ``layer``: a miss, an error or a surprise is counted (apart
+        from each other) and reads as None; nothing escapes into the compile."""
+        try:
+            return call()
+        except NotFound:
+            self.stats.miss(layer, self.miss_reason())
+        except KcacheError as exc:
+            self.stats.error(layer, type(exc).__name__)
+        except Exception as exc:
+            self._unexpected(layer, exc)
+        return None
+
     # ---- kernels --------------------------------------------------------------------------
 
     def note_kernel(self, key: str) -> None:
@@ -95,17 +109,10 @@ class Runtime:
         """Fetch a kernel from the service and emit it into ``cache_dir``; None on miss/error."""
         if self.client is None:
             return None
+        client = self.client
         with self.stats.timed(KERNEL_LAYER):
-            try:
-                pack = self.client.get_pack(key)
-            except NotFound:
-                self.stats.miss(KERNEL_LAYER, self.miss_reason())
-                return None
-            except KcacheError as exc:
-                self.stats.error(KERNEL_LAYER, type(exc).__name__)
-                return None
-            except Exception as exc:
-                self._unexpected(KERNEL_LAYER, exc)
+            pack = self._remote(KERNEL_LAYER, lambda: client.get_pack(key))
+            if pack is None:
                 return None
             try:
                 outcome = emit_pack(cache_dir, pack, expected_key=key, check_target=self.config.check_target)
@@ -172,19 +179,13 @@ class Runtime:
                 data = self.local.get(layer, key)
             compile_time: float | None = None
             if data is None:
-                if self.client is None:
+                client = self.client
+                if client is None:
                     return None
-                try:
-                    data, compile_time = self.client.get_entry(layer, key)
-                except NotFound:
-                    self.stats.miss(layer, self.miss_reason())
+                got = self._remote(layer, lambda: client.get_entry(layer, key))
+                if got is None:
                     return None
-                except KcacheError as exc:
-                    self.stats.error(layer, type(exc).__name__)
-                    return None
-                except Exception as exc:
-                    self._unexpected(layer, exc)
-                    return None
+                data, compile_time = got
                 self.local.put(layer, key, data)
             if self._secret is not None:
                 try:
