@@ -266,14 +266,20 @@ def test_uploads_never_block_the_caller_and_close_is_bounded(mode: str, kernels:
         assert max(waits) < OPEN_CALL_S, f"a submit blocked for {max(waits) * 1e3:.1f} ms"
 
         _, elapsed = timed(rt.close)
-        assert elapsed < flush + 0.5, f"close() took {elapsed:.2f}s with flush_timeout_s={flush}"
+        # The service never answered this process, so exit does not wait for it at all.
+        assert elapsed < 0.2, f"close() took {elapsed:.2f}s with a service that never answered"
+        if mode == "refuse":  # fast failures: the uploader accounts for them right after
+            deadline = time.monotonic() + 2
+            while rt.stats.snapshot().get("kernel", {}).get("put_errors", 0) < len(kernels) and time.monotonic() < deadline:
+                time.sleep(0.02)
         snap = rt.stats.snapshot()
         dropped = snap[LAYER]["error_kinds"].get("queue_full", 0)
         assert dropped >= 20 - 4, snap
         assert totals(rt)["hits"] == 0 and snap.get("kernel", {}).get("puts", 0) == 0
-        if mode == "refuse":  # failed fast, so everything was accounted for before close returned
+        if mode == "refuse":  # every upload is accounted for: refused, or dropped at exit
             assert snap["kernel"]["put_errors"] == len(kernels)
-            assert snap["kernel"]["error_kinds"] == {"ServiceUnavailable": len(kernels)}
+            kinds = snap["kernel"]["error_kinds"]
+            assert set(kinds) <= {"ServiceUnavailable", "dropped_at_exit"} and sum(kinds.values()) == len(kernels), kinds
 
 
 # ---- through Inductor's real TritonBundler ----------------------------------------------------
@@ -345,5 +351,8 @@ def test_bundler_hooks_with_a_dead_service(
     assert env_after == env_before, "uninstall left kcache settings for child processes to autoload"
     assert rt is not None
     assert totals(rt) == {"hits": 0, "misses": 0, "errors": 0}  # nothing was looked up remotely
-    if mode == "refuse":  # the background uploads failed fast and were counted
+    if mode == "refuse":  # every upload is counted: failed fast, or dropped at exit
+        deadline = time.monotonic() + 2
+        while rt.stats.snapshot().get("kernel", {}).get("put_errors", 0) < len(kernels) and time.monotonic() < deadline:
+            time.sleep(0.02)
         assert rt.stats.snapshot()["kernel"]["put_errors"] == len(kernels)

@@ -23,6 +23,7 @@ class CircuitBreaker:
         self._opened_at: float | None = None
         self._probing = False
         self.times_opened = 0
+        self.ever_succeeded = False  # has the service answered this process at all?
 
     @property
     def state(self) -> str:
@@ -42,6 +43,7 @@ class CircuitBreaker:
 
     def success(self) -> None:
         with self._lock:
+            self.ever_succeeded = True
             self._failures, self._opened_at, self._probing = 0, None, False
 
     def failure(self) -> None:

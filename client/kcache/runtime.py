@@ -213,8 +213,13 @@ class Runtime:
         if self._closed:
             return
         self._closed = True
-        if self.uploader is not None and not self.uploader.flush(self.config.flush_timeout_s):
-            self.warn_once(f"uploads still pending after {self.config.flush_timeout_s}s at exit; dropped")
+        # A service that never answered this process will not start now: don't make the exit
+        # wait for it (a blackholed service would otherwise cost flush_timeout_s per process).
+        answered = self.client is not None and self.client.breaker.ever_succeeded
+        flush_s = self.config.flush_timeout_s if answered else 0.0
+        if self.uploader is not None and not self.uploader.flush(flush_s):
+            dropped = self.uploader.drop_pending()
+            self.warn_once(f"{dropped} uploads still pending after {flush_s}s at exit; dropped")
         if self.client is not None and self.config.workload and self.config.can_write and (self.used_kernels or self.used_entries):
             from kcache.workload import publish
 
@@ -222,7 +227,9 @@ class Runtime:
                 publish(self.client, self.config.workload, self.used_kernels, self.used_entries)
             except KcacheError as exc:
                 self.stats.put_error("workload", type(exc).__name__)
-        if self.client is not None:
+        if self.client is not None and (answered or self.uploader is None):
+            # Otherwise leave it open: the uploader thread may still be finishing a request,
+            # which then fails or succeeds on its own and is counted either way.
             self.client.close()
         try:  # KCACHE_STATS_FILE, KCACHE_REPORT, KCACHE_RUN_ID; fail-open, short deadline
             from kcache.report import at_exit

@@ -89,6 +89,18 @@ class Uploader:
             self._stats.put_error(item.layer if isinstance(item, EntryUpload) else "kernel", "queue_full")
             return False
 
+    def drop_pending(self) -> int:
+        """Give up on queued uploads (at exit, when waiting cannot help); each is counted."""
+        dropped = 0
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return dropped
+            self._stats.put_error(item.layer if isinstance(item, EntryUpload) else "kernel", "dropped_at_exit")
+            self._queue.task_done()
+            dropped += 1
+
     def flush(self, timeout_s: float) -> bool:
         """Wait until everything queued is sent (True) or ``timeout_s`` passes (False)."""
         deadline = time.monotonic() + timeout_s
