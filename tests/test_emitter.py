@@ -154,6 +154,7 @@ _EMIT_ALL = textwrap.dedent(
     sys.stdin.readline()  # start together
     for p in packs:
         emit_pack(dest, p.read_bytes())
+        print("emitted", flush=True)  # lets a test kill us mid-run, whatever the speed
     """
 )
 
@@ -183,6 +184,8 @@ def test_16_processes_emitting_200_kernels_at_once_leave_intact_dirs(tmp_path: P
         p.stdin.write("go\n")
         p.stdin.flush()
     for p in procs:
+        assert p.stdout is not None
+        p.stdout.read()  # drain progress lines so no child blocks on a full pipe
         assert p.wait(timeout=300) == 0
 
     names = {p.name for p in dest.iterdir()}
@@ -216,7 +219,8 @@ def test_process_killed_mid_emit_leaves_no_partial_visible_dir(tmp_path: Path) -
         assert p.stdin is not None
         p.stdin.write("go\n")
         p.stdin.flush()
-        time.sleep(rng.uniform(0.15, 0.5))
+        for _ in range(rng.randint(10, 120)):  # kill somewhere in the first ~60%
+            assert p.stdout.readline()
         p.send_signal(signal.SIGKILL)
         p.wait()
         visible = [d for d in dest.iterdir() if not d.name.startswith(("tmp.", "quarantine."))]
