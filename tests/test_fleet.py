@@ -174,3 +174,11 @@ def test_ls_workloads_shows_environment_fingerprints(live_service, capsys: pytes
     view = client.get_json("/v1/default/workloads/llama-ft", fingerprint=current().id)
     assert [e["key"] for e in view["entries"]] == ["pt2:fx-graph-v1::abc:c1"]  # environments stay apart
     assert [fp["torch"] for fp in view["other_fingerprints"]] == ["2.11.0+cu130"]
+
+
+def test_workload_put_refuses_a_body_for_another_name(live_service) -> None:
+    import httpx
+
+    r = httpx.put(f"{live_service.url}/v1/default/workloads/a", json={"name": "b", "fingerprint": {}})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_request"
+    assert httpx.get(f"{live_service.url}/v1/default/workloads/a").status_code == 404  # nothing stored

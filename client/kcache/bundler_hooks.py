@@ -42,10 +42,6 @@ def _with_kernels(bundle: Any, kernels: list[Any]) -> Any:
     return kernels
 
 
-def installed() -> bool:
-    return bool(_originals)
-
-
 def install_bundler_hooks(rt: Runtime) -> bool:
     if _originals:
         return True

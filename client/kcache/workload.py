@@ -61,13 +61,16 @@ def pull_workload(
             counts["refused"] += 1
             log.warning("kcache: prefetch refused kernel %s: %s", key, exc)
 
+    lock = threading.Lock()
+
     def fetch(ref: tuple[str, str]) -> None:
         layer, key = ref
         try:
             data, _compile_time = client.get_entry(layer, key)
             local.put(layer, key, data)
-            counts["entries"] += 1
-            counts["entry_bytes"] += len(data)
+            with lock:  # eight fetch threads share the counts
+                counts["entries"] += 1
+                counts["entry_bytes"] += len(data)
         except KcacheError:
             pass
         finally:

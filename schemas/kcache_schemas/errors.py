@@ -11,7 +11,6 @@ from enum import Enum
 
 class ErrorCode(str, Enum):
     INVALID_KEY = "invalid_key"
-    INVALID_NAMESPACE = "invalid_namespace"
     INVALID_PACK = "invalid_pack"
     INVALID_REQUEST = "invalid_request"
     KEY_MISMATCH = "key_mismatch"

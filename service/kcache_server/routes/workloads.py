@@ -12,7 +12,7 @@ import json
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Response
-from kcache_schemas import validate_workload_name
+from kcache_schemas import ErrorCode, validate_workload_name
 from kcache_schemas.models import (
     EntryRef,
     EnvFingerprint,
@@ -22,7 +22,7 @@ from kcache_schemas.models import (
 )
 
 from kcache_server.deps import CanRead, CanWrite, Namespace, StoreDep
-from kcache_server.errors import not_found
+from kcache_server.errors import ApiError, not_found
 from kcache_server.storage import IndexRecord
 
 router = APIRouter(prefix="/v1/{namespace}/workloads", tags=["workloads"])
@@ -51,7 +51,7 @@ def _runs(store: StoreDep, namespace: str, name: str) -> list[IndexRecord]:
 @router.put("/{name}", status_code=201, summary="Publish the kernels and entries one run used")
 def put_workload(namespace: Namespace, name: WorkloadName, body: WorkloadManifest, store: StoreDep, _: CanWrite, response: Response) -> dict[str, str]:
     if body.name != name:
-        raise not_found(f"workload {name} (body names {body.name!r})")
+        raise ApiError(400, ErrorCode.INVALID_REQUEST, f"body names workload {body.name!r}, the URL {name!r}")
     canonical = json.dumps({"k": sorted(body.kernels), "e": sorted((e.layer, e.key) for e in body.entries)})
     key = f"{body.fingerprint.id}/{hashlib.sha256(canonical.encode()).hexdigest()[:32]}"
     record = IndexRecord(namespace=namespace, kind=_kind(name), key=key, digest="", size=len(canonical), meta=body.model_dump_json())
