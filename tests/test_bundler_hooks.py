@@ -117,3 +117,23 @@ def test_bundle_shapes_old_and_new() -> None:
     assert _with_kernels(kas, []) == []
     with pytest.raises(TypeError):
         _kernel_artifacts(object())
+
+
+def test_a_kernel_hit_credits_the_producers_compile_time(live_service, real_kernel_dirs, monkeypatch, tmp_path: Path) -> None:
+    from kcache.runtime import Runtime
+
+    assert kcache.install(url=live_service.url)
+    try:
+        _collect(real_kernel_dirs, monkeypatch)  # begin_compile..collect: uploads with a compile-time share
+        rt = get_runtime()
+        assert rt is not None and rt.uploader is not None and rt.uploader.flush(10)
+    finally:
+        kcache.uninstall()
+    node = Runtime(ClientConfig(url=live_service.url, check_target=False))
+    for d in real_kernel_dirs:
+        assert node.fetch_kernel(d.name, tmp_path / "triton") is not None
+    stats = node.stats.snapshot()["kernel"]
+    assert stats["hits"] == len(real_kernel_dirs)
+    produced = sum(KcacheClient(ClientConfig(url=live_service.url)).manifest(d.name).producer.compile_time_s or 0 for d in real_kernel_dirs)
+    assert produced > 0 and stats["saved_s"] == pytest.approx(produced, rel=1e-3)
+    node.close()

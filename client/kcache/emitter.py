@@ -207,6 +207,22 @@ def emit_files(
             shutil.rmtree(staging, ignore_errors=True)
 
 
+def emit_pack_manifest(
+    cache_dir: str | os.PathLike[str],
+    pack: bytes,
+    *,
+    expected_key: str | None = None,
+    check_target: bool = True,
+    limits: PackLimits = DEFAULT_LIMITS,
+) -> tuple[EmitOutcome, KernelManifest]:
+    """Verify pack bytes (from a server we do not trust), emit the kernel dir, and return the
+    outcome with the pack's manifest (whose producer info credits compile time saved)."""
+    manifest, files = read_pack(pack, limits)
+    if expected_key is not None and manifest.key != normalize_kernel_key(expected_key):
+        raise PackError(f"asked for kernel {expected_key} but the pack holds {manifest.key}")
+    return emit_files(cache_dir, manifest, files, check_target=check_target, verified=True), manifest
+
+
 def emit_pack(
     cache_dir: str | os.PathLike[str],
     pack: bytes,
@@ -216,7 +232,4 @@ def emit_pack(
     limits: PackLimits = DEFAULT_LIMITS,
 ) -> EmitOutcome:
     """Verify pack bytes (from a server we do not trust) and emit the kernel dir."""
-    manifest, files = read_pack(pack, limits)
-    if expected_key is not None and manifest.key != normalize_kernel_key(expected_key):
-        raise PackError(f"asked for kernel {expected_key} but the pack holds {manifest.key}")
-    return emit_files(cache_dir, manifest, files, check_target=check_target, verified=True)
+    return emit_pack_manifest(cache_dir, pack, expected_key=expected_key, check_target=check_target, limits=limits)[0]

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 from kcache import __version__
 from kcache._process import claim_prefetch
 from kcache.config import ClientConfig
-from kcache.emitter import EmitOutcome, emit_files, emit_pack
+from kcache.emitter import EmitOutcome, emit_files, emit_pack_manifest
 from kcache.errors import InvalidPack, KcacheError, NotFound
 from kcache.http import KcacheClient
 from kcache.local_store import LocalEntryStore, default_dir
@@ -115,7 +115,7 @@ class Runtime:
             if pack is None:
                 return None
             try:
-                outcome = emit_pack(cache_dir, pack, expected_key=key, check_target=self.config.check_target)
+                outcome, manifest = emit_pack_manifest(cache_dir, pack, expected_key=key, check_target=self.config.check_target)
             except (PackError, InvalidPack) as exc:
                 self.warn_once(f"refused an invalid pack for {key}", exc)
                 self.stats.error(KERNEL_LAYER, "invalid_pack")
@@ -127,7 +127,7 @@ class Runtime:
             except Exception as exc:
                 self._unexpected(KERNEL_LAYER, exc)
                 return None
-        self._count_emit(outcome, len(pack))
+        self._count_emit(outcome, len(pack), manifest.producer.compile_time_s or 0.0)
         self.note_kernel(key)
         return outcome
 
@@ -137,11 +137,11 @@ class Runtime:
         self.note_kernel(manifest.key)
         return outcome
 
-    def _count_emit(self, outcome: EmitOutcome, nbytes: int) -> None:
+    def _count_emit(self, outcome: EmitOutcome, nbytes: int, saved_s: float) -> None:
         if outcome is EmitOutcome.SKIPPED_TARGET:
             self.stats.skipped(KERNEL_LAYER, "target_mismatch")
         else:
-            self.stats.hit(KERNEL_LAYER, nbytes)
+            self.stats.hit(KERNEL_LAYER, nbytes, saved_s)  # the producer's compile time, not ours
 
     def upload_kernel_dir(self, key: str, path: Path, now: bool = False) -> None:
         self.note_kernel(key)
