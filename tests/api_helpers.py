@@ -17,9 +17,7 @@ import contextlib
 import hashlib
 import io
 import json
-import os
 import signal
-import socket
 import subprocess
 import sys
 import tarfile
@@ -38,6 +36,7 @@ from kcache_schemas import KernelManifest
 from kcache_schemas.pack import MANIFEST_NAME, pack_kernel_dir, read_kernel_dir
 from kcache_server.app import create_app
 from kcache_server.settings import Settings
+from live import clean_env, free_port
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -218,17 +217,8 @@ def inproc_client(settings: Settings) -> Iterator[TestClient]:
 # ---- a real `kcache serve` subprocess ----------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
-def clean_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KCACHE_")}
-    env["PYTHONUNBUFFERED"] = "1"
-    env.update(extra)
-    return env
 
 
 def kcache_cmd() -> list[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
@@ -20,6 +21,14 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """This process's environment without any KCACHE_* setting, plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KCACHE_")}
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra)
+    return env
 
 
 class LiveService:

@@ -37,6 +37,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from live import clean_env, free_port
+
 REPO = Path(__file__).resolve().parent.parent
 MODES = ("refuse", "hang", "http500", "trickle", "drip", "proxy", "http")
 
@@ -270,18 +272,8 @@ class FaultServer:
 # ---- the real service -----------------------------------------------------------------------
 
 
-def clean_env(**extra: str) -> dict[str, str]:
-    """This process's environment without any KCACHE_* setting, plus ``extra``."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KCACHE_")}
-    env["PYTHONUNBUFFERED"] = "1"
-    env.update(extra)
-    return env
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
