@@ -142,6 +142,63 @@ def test_kernels_compiled_by_a_process_killed_without_exit_handlers_are_uploaded
     assert KcacheClient(ClientConfig(url=live_service.url)).missing(keys) == []
 
 
+# Triton builds its host-side helpers (cuda_utils, per-signature launchers) exactly like this:
+# C source -> compile_module_from_src -> C compiler -> a .so kept in its cache dir under its key.
+HOST_MODULE_SRC = r"""
+#include <Python.h>
+static PyObject* marker(PyObject* self, PyObject* args) { return PyLong_FromLong(4242); }
+static PyMethodDef methods[] = {{"marker", marker, METH_NOARGS, ""}, {NULL, NULL, 0, NULL}};
+static struct PyModuleDef mod = {PyModuleDef_HEAD_INIT, "kcache_probe", NULL, -1, methods};
+PyMODINIT_FUNC PyInit_kcache_probe(void) { return PyModule_Create(&mod); }
+"""
+HOST_MODULE_JOB = """
+import json, os, sys, time, triton
+from triton.runtime.build import compile_module_from_src
+if sys.argv[1] == "no-compiler":
+    def no_compiler(*args, **kwargs):
+        raise RuntimeError("the C compiler was called")
+    triton.knobs.build.impl = no_compiler
+module = compile_module_from_src(os.environ["PROBE_SRC"], "kcache_probe")
+from kcache.runtime import get_runtime
+rt = get_runtime()
+stats = None
+if rt is not None:
+    rt.close()
+    stats = rt.stats.snapshot().get("triton-module")
+print(json.dumps({"marker": module.marker(), "stats": stats}))
+"""
+
+
+@pytest.mark.slow
+def test_triton_host_modules_are_shared_so_a_fresh_node_runs_no_c_compiler(live_service, tmp_path: Path) -> None:
+    """A fresh node's first Triton launch builds ``cuda_utils`` and launcher stubs with gcc (~0.3 s
+    each on an H100 node); kcache serves them like any other artifact."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KCACHE_", "TRITON_"))}
+
+    def node(name: str, url: str, mode: str = "") -> dict:  # type: ignore[type-arg]
+        node_env = {
+            **env,
+            "KCACHE_URL": url,
+            "TRITON_CACHE_DIR": str(tmp_path / name / "triton"),
+            "KCACHE_LOCAL_DIR": str(tmp_path / name / "local"),
+            "PROBE_SRC": HOST_MODULE_SRC,
+        }
+        out = subprocess.run([sys.executable, "-c", HOST_MODULE_JOB, mode], env=node_env, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr[-2000:]
+        return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+    producer = node("a", live_service.url)  # builds with the C compiler, uploads the .so
+    assert producer["marker"] == 4242 and producer["stats"]["puts"] == 1 and producer["stats"]["misses"] == 1
+    fresh = node("b", live_service.url, "no-compiler")  # Triton would raise if it called the compiler
+    assert fresh["marker"] == 4242 and fresh["stats"]["hits"] == 1 and fresh["stats"]["errors"] == 0
+    built = [p.read_bytes() for p in (tmp_path / "b" / "triton").rglob("kcache_probe*.so")]
+    assert built == [p.read_bytes() for p in (tmp_path / "a" / "triton").rglob("kcache_probe*.so")]
+    again = node("b", "http://127.0.0.1:9", "no-compiler")  # a local hit now: the service is not asked
+    assert again["marker"] == 4242 and (again["stats"] is None or again["stats"]["errors"] == 0)
+    offline = node("c", "http://127.0.0.1:9")  # service down, empty node: Triton builds it itself
+    assert offline["marker"] == 4242
+
+
 def test_compile_worker_detection(monkeypatch: pytest.MonkeyPatch) -> None:
     from kcache._process import in_inductor_compile_worker
 

@@ -199,13 +199,18 @@ class Runtime:
             self.used_entries.add((layer, key))
         return data
 
-    def put_entry(self, layer: str, key: str, data: bytes, compile_time_s: float | None = None) -> None:
+    def put_entry(self, layer: str, key: str, data: bytes, compile_time_s: float | None = None, now: bool = False) -> None:
+        """Queue an upload (``now``: send it in this thread, for processes killed without exit handlers)."""
         with self._lock:
             self.used_entries.add((layer, key))
         if self._secret is not None:
             data = sign(self._secret, layer, key, data)
         if self.uploader is not None:
-            self.uploader.submit(EntryUpload(layer, key, data, compile_time_s))
+            item = EntryUpload(layer, key, data, compile_time_s)
+            if now:
+                self.uploader.send_now(item)
+            else:
+                self.uploader.submit(item)
 
     # ---- lifecycle ------------------------------------------------------------------------
 

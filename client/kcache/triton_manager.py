@@ -6,6 +6,14 @@ local compile, the finished dir is uploaded in the background; in Inductor's com
 which are killed without exit handlers, at once (bounded by the client's deadlines and breaker). Triton's own ``RemoteCacheManager``
 instead goes to the network on every lookup, even when the file is on local disk.
 
+Triton also keeps its host-side helper modules in this cache: ``cuda_utils`` (the driver glue,
+built when the driver starts) and ``__triton_launcher`` (one per kernel signature not launched by
+Inductor's static launcher), C sources it builds with the host C compiler, a few hundred ms of
+``gcc`` each on a fresh node. They are not kernel dirs (one ``.so``, no group file), so they travel
+as opaque entries of the ``triton-module`` layer, keyed by Triton's cache key, the C library and the
+file name (whose ``EXT_SUFFIX`` names the Python ABI): a module built against a newer glibc is
+never handed to an older one.
+
 Works for any Triton JIT user (vLLM, hand-written kernels) and for Inductor's compile workers,
 which inherit the environment. Needs ``KCACHE_URL``; without it this is ``FileCacheManager``.
 This module is imported by every process that loads a Triton kernel, Inductor's compile workers
@@ -14,8 +22,10 @@ included, so the client (pydantic, httpx) is imported only on a local miss, neve
 
 from __future__ import annotations
 
+import platform
+import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from triton.runtime.cache import FileCacheManager
 
@@ -23,6 +33,19 @@ from kcache._process import in_inductor_compile_worker
 
 if TYPE_CHECKING:
     from kcache.runtime import Runtime
+
+HOST_MODULE_LAYER = "triton-module"
+
+
+def is_host_module(filename: str) -> bool:
+    """Triton's compiled C helpers (``cuda_utils.cpython-312-x86_64-linux-gnu.so``, ...); kernel
+    dirs hold cubin/hsaco/json/IR files, never a shared object."""
+    return filename.endswith(".so") and "/" not in filename
+
+
+def host_module_key(cache_key: str, filename: str) -> str:
+    libc, version = platform.libc_ver()
+    return f"{cache_key}:{libc or 'libc'}{version or ''}:{filename}"
 
 
 def _runtime() -> Runtime | None:
@@ -42,6 +65,37 @@ class KcacheCacheManager(FileCacheManager):  # type: ignore[misc]
         super().__init__(key, override=override, dump=dump)
         # Override and dump dirs are debugging tools with their own semantics: leave them local.
         self._tiered = not override and not dump
+        self._build_started: dict[str, float] = {}  # host module -> when its local miss was seen
+
+    def get_file(self, filename: str) -> str | None:
+        path: str | None = super().get_file(filename)
+        if path is not None or not self._tiered or not is_host_module(filename):
+            return path
+        rt = _runtime()
+        if rt is None:
+            return None
+        try:
+            data = rt.get_entry(HOST_MODULE_LAYER, host_module_key(self.key, filename))
+        except Exception as exc:
+            rt.warn_once("host module fetch failed", exc)
+            data = None
+        if data is None:
+            self._build_started[filename] = time.perf_counter()  # Triton builds it next, then put()s it
+            return None
+        return super().put(data, filename, binary=True)  # type: ignore[no-any-return]  # atomic: temp file + rename
+
+    def put(self, data: Any, filename: str, binary: bool = True) -> str:
+        path: str = super().put(data, filename, binary=binary)
+        if self._tiered and is_host_module(filename) and isinstance(data, bytes):
+            rt = _runtime()
+            if rt is not None:
+                started = self._build_started.pop(filename, None)
+                build_s = time.perf_counter() - started if started is not None else None
+                try:
+                    rt.put_entry(HOST_MODULE_LAYER, host_module_key(self.key, filename), data, build_s, now=in_inductor_compile_worker())
+                except Exception as exc:
+                    rt.warn_once("host module upload failed", exc)
+        return path
 
     def get_group(self, filename: str) -> dict[str, str] | None:
         group: dict[str, str] | None = super().get_group(filename)

@@ -53,7 +53,7 @@ ASGIApp = Callable[[Scope, Callable[[], Awaitable[Message]], Callable[[Message],
 
 # Label values for layers come from a fixed set: a client asking for /entries/<random>/x must not
 # mint new time series.
-KNOWN_LAYERS = frozenset({"kernel", "fx-graph", "autotune", "bundled-autotune", "aot-autograd", "dynamo-pgo"})
+KNOWN_LAYERS = frozenset({"kernel", "fx-graph", "autotune", "bundled-autotune", "aot-autograd", "dynamo-pgo", "triton-module"})
 KERNEL_ROUTE = "/v1/{namespace}/kernels/{key}"
 ENTRY_ROUTE = "/v1/{namespace}/entries/{layer}/{key}"
 BATCH_ROUTE = "/v1/{namespace}/kernels:batch-get"
