@@ -239,3 +239,29 @@ def test_workload_put_refuses_a_body_for_another_name(live_service) -> None:
     r = httpx.put(f"{live_service.url}/v1/default/workloads/a", json={"name": "b", "fingerprint": {}})
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_request"
     assert httpx.get(f"{live_service.url}/v1/default/workloads/a").status_code == 404  # nothing stored
+
+
+def test_a_fetched_entry_reaches_the_local_tier_so_the_next_process_needs_no_network(
+    live_service, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The local-tier copy of a fetched entry is written off the compile thread; it must still be
+    complete when the process ends (no daemon thread cut short at exit)."""
+    from kcache.runtime import Runtime
+
+    blob = os.urandom(3_000_000)
+    KcacheClient(ClientConfig(url=live_service.url)).put_entry("fx-graph", "pt2:fx-graph-v1::local-tier:c1", blob)
+    script = (
+        "import sys; from kcache.config import ClientConfig; from kcache.runtime import Runtime\n"
+        "rt = Runtime(ClientConfig(url=sys.argv[1], mode='readonly'))\n"
+        "assert len(rt.get_entry('fx-graph', 'pt2:fx-graph-v1::local-tier:c1') or b'') == 3_000_000\n"
+        "rt.close()\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KCACHE_")}
+    env.update(KCACHE_LOCAL_DIR=str(tmp_path / "local"), KCACHE_AUTOLOAD="0")
+    out = subprocess.run([sys.executable, "-c", script, live_service.url], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    monkeypatch.setenv("KCACHE_LOCAL_DIR", str(tmp_path / "local"))
+    offline = Runtime(ClientConfig(url="http://127.0.0.1:9", mode="readonly"))  # nothing listens
+    assert offline.get_entry("fx-graph", "pt2:fx-graph-v1::local-tier:c1") == blob
+    assert offline.stats.snapshot()["fx-graph"]["errors"] == 0
+    offline.close()

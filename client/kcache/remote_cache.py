@@ -14,9 +14,9 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib
-import json
 import logging
 import os
+import re
 from typing import Any
 
 from kcache_schemas import InvalidKeyError, normalize_entry_key
@@ -47,13 +47,15 @@ def service_key(key: str) -> str:
         return "h:" + hashlib.sha256(key.encode()).hexdigest()
 
 
+_TIME_TAKEN = re.compile(rb'"time_taken_ms":\s*(\d+(?:\.\d+)?)\s*}\s*$')
+
+
 def _compile_time_s(data: bytes) -> float | None:
-    """FX-graph entries are JSON with ``time_taken_ms``: credit it as compile time saved."""
-    try:
-        value = json.loads(data).get("time_taken_ms")
-        return float(value) / 1000 if value is not None else None
-    except (ValueError, AttributeError, UnicodeDecodeError):
-        return None
+    """FX-graph and AOTAutograd entries are ``json.dumps({"data": <base64>, "time_taken_ms": N})``:
+    credit N as compile time saved. Read from the tail only: the entries run to hundreds of MB
+    (max-autotune), and this runs on the compile thread."""
+    match = _TIME_TAKEN.search(data[-128:])
+    return float(match.group(1)) / 1000 if match else None
 
 
 def _backend_base() -> type:

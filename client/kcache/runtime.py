@@ -186,7 +186,9 @@ class Runtime:
                 if got is None:
                     return None
                 data, compile_time = got
-                self.local.put(layer, key, data)
+                # Off the compile thread (max-autotune FX entries run to hundreds of MB); not a
+                # daemon, so the interpreter lets the (atomic) write finish at exit.
+                threading.Thread(target=self.local.put, args=(layer, key, data), name="kcache-local-put").start()
             if self._secret is not None:
                 try:
                     data = verify(self._secret, layer, key, data)
