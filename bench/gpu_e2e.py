@@ -113,10 +113,20 @@ def child(workload: str, device: str, out: Path) -> None:
     step, inputs = _build(workload, device)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     sync()
+    profiler = None
+    if os.environ.get("KCACHE_BENCH_PROFILE"):
+        import cProfile
+
+        profiler = cProfile.Profile()
+        profiler.enable()
+    t0_wall = time.time()
     t0 = time.perf_counter()
     result = step(inputs)
     sync()
     first_call_s = time.perf_counter() - t0
+    if profiler is not None:
+        profiler.disable()
+        _write_profile(profiler, out)
     torch.save(result.detach().float().cpu(), out / "output.pt")
     stats = None
     t_close = time.perf_counter()
@@ -132,15 +142,34 @@ def child(workload: str, device: str, out: Path) -> None:
             stats = {"layers": rt.stats.snapshot(), "prefetch": prefetch, "bundle_emit_s": rt.bundle_emit_s}
     except ImportError:
         pass
+    from torch._dynamo.utils import compilation_time_metrics
+
     report = {
         "first_call_s": first_call_s,
+        "first_call_started": t0_wall,  # wall clock, to line up with the compile trace
+        "pid": os.getpid(),
         "process_s": time.perf_counter() - t_start,
         "exit_flush_s": time.perf_counter() - t_close,
         "inductor": {k: v for k, v in counters["inductor"].items() if "cache" in k or "bundler" in k},
         "aot_autograd": dict(counters["aot_autograd"]),
+        "counters": {category: dict(values) for category, values in counters.items()},
+        # Inductor's own phase timers (dynamo_timed): total seconds and calls per phase.
+        "phases": {k: [round(sum(v), 4), len(v)] for k, v in compilation_time_metrics.items()},
         "kcache": stats,
     }
     (out / "report.json").write_text(json.dumps(report, indent=1))
+
+
+def _write_profile(profiler: Any, out: Path) -> None:
+    import io
+    import pstats
+
+    profiler.dump_stats(out / "profile.pstats")
+    text = io.StringIO()
+    stats = pstats.Stats(profiler, stream=text).strip_dirs()
+    stats.sort_stats("cumulative").print_stats(70)
+    stats.sort_stats("tottime").print_stats(40)
+    (out / "profile.txt").write_text(text.getvalue())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -182,11 +211,17 @@ def run_node(workload: str, scenario: str, node: Path, device: str, env_extra: d
     out = node / f"out-{scenario}"
     out.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("KCACHE_", "TRITON_CACHE", "TORCHINDUCTOR_CACHE"))}
+    trace = out / "trace"
+    shutil.rmtree(trace, ignore_errors=True)
+    trace.mkdir()
+    here = Path(__file__).resolve().parent
     env.update(
         TORCHINDUCTOR_CACHE_DIR=str(node / "inductor"),
         TRITON_CACHE_DIR=str(node / "triton"),
         KCACHE_LOCAL_DIR=str(node / "kcache-local"),
-        PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parent.parent), env.get("PYTHONPATH", "")]),
+        # gpu_trace/sitecustomize.py logs every triton.compile of the node's processes to `trace`.
+        PYTHONPATH=os.pathsep.join([str(here.parent), str(here / "gpu_trace"), env.get("PYTHONPATH", "")]),
+        KCACHE_BENCH_TRACE_DIR=str(trace),
         **env_extra,
     )
     cmd = [sys.executable, __file__, "--child", workload, "--device", device, "--child-out", str(out)]
@@ -198,7 +233,28 @@ def run_node(workload: str, scenario: str, node: Path, device: str, env_extra: d
         return {"error": f"exit {proc.returncode}: {proc.stderr[-1500:]}", "wall_s": wall}
     report = json.loads((out / "report.json").read_text())
     report["wall_s"] = wall
+    report["triton_compiles"] = summarize_trace(trace, report)
     return report
+
+
+def summarize_trace(trace: Path, report: dict[str, Any]) -> dict[str, Any]:
+    """Triton compiles of the node: cache hits and real compiles, in the main process and in
+    Inductor's compile workers, and those that fell inside the first call."""
+    events = [json.loads(line) for f in trace.glob("compiles-*.jsonl") for line in f.read_text().splitlines()]
+    start, end = report["first_call_started"], report["first_call_started"] + report["first_call_s"]
+    summary: dict[str, Any] = {}
+    for where in ("main", "workers"):
+        mine = [e for e in events if (e["pid"] == report["pid"]) == (where == "main")]
+        misses = [e for e in mine if not e["hit"]]
+        summary[where] = {
+            "hits": len(mine) - len(misses),
+            "compiled": len(misses),
+            "compiled_in_first_call": sum(start <= e["t"] <= end for e in misses),
+            "compile_s": round(sum(e["lower_us"] for e in misses) / 1e6, 3),
+            "processes": len({e["pid"] for e in mine}),
+            "compiled_names": sorted({e["name"] for e in misses})[:30],
+        }
+    return summary
 
 
 def compare_outputs(reference: Path, other: Path) -> dict[str, Any]:
@@ -209,7 +265,15 @@ def compare_outputs(reference: Path, other: Path) -> dict[str, Any]:
 
 
 def run_workload(
-    workload: str, root: Path, device: str, timeout: int, save: Any = None, repeats: int = 0, scenarios: list[str] | None = None
+    workload: str,
+    root: Path,
+    device: str,
+    timeout: int,
+    save: Any = None,
+    repeats: int = 0,
+    scenarios: list[str] | None = None,
+    profile: list[str] | None = None,
+    profile_out: Path | None = None,
 ) -> dict[str, Any]:
     wroot = root / workload
     shutil.rmtree(wroot, ignore_errors=True)
@@ -227,14 +291,20 @@ def run_workload(
     ]
     runs: dict[str, Any] = {}
     result: dict[str, Any] = {"summary": {}, "runs": runs}
+    ref = wroot / "node-cold" / "out-cold" / "output.pt"  # every other scenario's output is compared with it
     try:
-        for scenario, node, env in plans:
+        # --scenarios also sets the order (local-warm right after cold/populate keeps the limit
+        # measured even if a long workload runs into the command's time limit).
+        ordered = sorted(plans, key=lambda p: scenarios.index(p[0]) if p[0] in scenarios else len(scenarios)) if scenarios else plans
+        for scenario, node, env in ordered:
             if scenarios and scenario not in scenarios:
                 continue
             print(f"[{workload}] {scenario} ...", flush=True)
             runs[scenario] = run_node(workload, scenario, wroot / node, device, env, timeout)
+            if scenario != "cold" and "error" not in runs[scenario] and ref.exists():  # now: a later cut-off keeps it
+                runs[scenario]["output_vs_cold"] = compare_outputs(ref, wroot / node / f"out-{scenario}" / "output.pt")
             print(f"[{workload}] {scenario}: {runs[scenario].get('first_call_s', runs[scenario].get('error'))}", flush=True)
-            result["summary"] = {s: runs[s].get("first_call_s") for s in SCENARIOS if s in runs}
+            result["summary"] = summarize(runs)
             if save is not None:
                 save(result)  # a command cut off by its time limit still leaves what ran
         for i in range(repeats):
@@ -245,25 +315,41 @@ def run_workload(
                 print(f"[{workload}] {scenario} repeat {i}: {rep.get('first_call_s', rep.get('error'))}", flush=True)
                 if save is not None:
                     save(result)
+        # Profiled reruns (cProfile slows the process: their times are not used anywhere).
+        for scenario, node, env in plans:
+            if scenario not in (profile or []) or scenario == "cold":
+                continue
+            prof_node = node if scenario == "local-warm" else f"{node}-profiled"
+            rep = run_node(workload, f"{scenario}-profiled", wroot / prof_node, device, {**env, "KCACHE_BENCH_PROFILE": "1"}, timeout)
+            runs[f"{scenario}-profiled"] = rep
+            text = wroot / prof_node / f"out-{scenario}-profiled" / "profile.txt"
+            if profile_out is not None and text.exists():
+                profile_out.mkdir(parents=True, exist_ok=True)
+                shutil.copy(text, profile_out / f"{workload}-{scenario}.txt")
+            print(f"[{workload}] {scenario} profiled: {rep.get('first_call_s', rep.get('error'))}", flush=True)
     finally:
         service.stop()
-    ref = wroot / "node-cold" / "out-cold" / "output.pt"
-    for scenario, node, _ in plans[1:]:  # outputs vs the cold run
-        if "error" not in runs.get(scenario, {"error": 1}) and ref.exists():
-            runs[scenario]["output_vs_cold"] = compare_outputs(ref, wroot / node / f"out-{scenario}" / "output.pt")
+    result["summary"] = summarize(runs)
+    return result
+
+
+def summarize(runs: dict[str, Any]) -> dict[str, Any]:
+    """First-call seconds per scenario; where repeats ran, the median of all runs of a scenario
+    (first run + repeats), and the warm/local ratios of those."""
+    import statistics
+
     summary: dict[str, Any] = {s: runs[s].get("first_call_s") for s in SCENARIOS if s in runs}
     for s in ("kcache-warm", "local-warm"):
         values = [v for v in [summary.get(s), *runs.get(f"{s}-repeats", [])] if v]
-        if len(values) > 1:  # median of the first run and the repeats
-            summary[f"{s}-median"] = sorted(values)[len(values) // 2]
-            summary[s] = summary[f"{s}-median"]
+        if len(values) > 1:
+            summary[f"{s}-runs"] = values
+            summary[s] = summary[f"{s}-median"] = statistics.median(values)
     local = summary.get("local-warm")
     if local:
         for s in ("kcache-warm", "kcache-prefetch"):
             if summary.get(s):
-                summary[f"{s}/local-warm"] = summary[s] / local  # type: ignore[operator]
-    result["summary"] = summary
-    return result
+                summary[f"{s}/local-warm"] = summary[s] / local
+    return summary
 
 
 def environment(device: str) -> dict[str, Any]:
@@ -309,6 +395,7 @@ def main() -> int:
     p.add_argument("--scenarios", default="", help="subset of scenarios to run (cold and local-warm share a node)")
     p.add_argument("--repeats", type=int, default=0, help="extra kcache-warm/local-warm pairs (medians reported)")
     p.add_argument("--merge", nargs="+", help="merge result files (from several calls) and plot")
+    p.add_argument("--profile", default="", help="scenarios to rerun under cProfile (profile text in <out>/profiles)")
     p.add_argument("--child")
     p.add_argument("--child-out")
     args = p.parse_args()
@@ -325,6 +412,8 @@ def main() -> int:
         results = merged[0]
         for extra in merged[1:]:
             results["workloads"].update(extra["workloads"])
+        for workload in results["workloads"].values():  # also for files cut off before their summary
+            workload["summary"] = summarize(workload["runs"])
         (out / "gpu_e2e.json").write_text(json.dumps(results, indent=1))
         args.tag, args.workloads = "", ""
     results_file = out / f"gpu_e2e{args.tag}.json"
@@ -334,7 +423,19 @@ def main() -> int:
             results["workloads"][workload] = partial
             results_file.write_text(json.dumps(results, indent=1))
 
-        save(run_workload(workload, Path(args.work_dir), args.device, args.timeout, save, args.repeats, args.scenarios.split(",") if args.scenarios else None))
+        save(
+            run_workload(
+                workload,
+                Path(args.work_dir),
+                args.device,
+                args.timeout,
+                save,
+                args.repeats,
+                args.scenarios.split(",") if args.scenarios else None,
+                args.profile.split(",") if args.profile else None,
+                out / "profiles",
+            )
+        )
     try:
         plot(results, out / f"gpu_e2e{args.tag}.png")
     except ImportError:
