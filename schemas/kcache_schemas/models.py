@@ -59,7 +59,7 @@ class DeviceType(str, Enum):
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class PackFile(_Model):
@@ -276,7 +276,7 @@ Reasons = Annotated[dict[str, Annotated[int, Field(ge=0)]], Field(max_length=64)
 class _Lenient(BaseModel):
     """Stats bodies ignore unknown fields: a newer client's extra counter must not cost a run its stats."""
 
-    model_config = ConfigDict(extra="ignore", frozen=True, defer_build=True)
+    model_config = ConfigDict(extra="ignore", frozen=True)
 
 
 class LayerCounts(_Lenient):
