@@ -1,4 +1,4 @@
-"""Real misbehaving servers on 127.0.0.1, and a real ``kcache serve``, for fail-open tests.
+"""Real misbehaving servers on 127.0.0.1, for fail-open tests.
 
 Nothing here fakes the client: these are real sockets that the real httpx client talks to.
 
@@ -16,7 +16,6 @@ Nothing here fakes the client: these are real sockets that the real httpx client
   ``connections`` counts accepted TCP connections and ``requests`` parsed HTTP requests, so a
   test can prove that an open circuit breaker kept the client off the network.
 
-* :class:`KcacheService` — ``kcache serve`` in a subprocess (the real service, from this venv).
 * :func:`http_response`, :func:`tar_stream` — building raw responses for hostile servers.
 """
 
@@ -26,20 +25,13 @@ import contextlib
 import io
 import json
 import os
-import signal
 import socket
-import subprocess
-import sys
 import tarfile
 import threading
-import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-from live import clean_env, free_port
-
-REPO = Path(__file__).resolve().parent.parent
 MODES = ("refuse", "hang", "http500", "trickle", "drip", "proxy", "http")
 
 
@@ -274,64 +266,6 @@ class FaultServer:
 
 
 
-
-
-@dataclass
-class KcacheService:
-    """``python -m kcache.cli serve`` on a free loopback port (embedded file + SQLite storage)."""
-
-    data_dir: Path
-    python: str = sys.executable
-    port: int = 0
-    proc: subprocess.Popen[bytes] | None = None
-    log: Path | None = None
-    extra_env: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self, timeout: float = 60.0) -> KcacheService:
-        import httpx
-
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.log = self.data_dir / "serve.log"
-        for _attempt in range(3):  # the free port may be taken before uvicorn binds it
-            self.port = free_port()
-            with open(self.log, "wb") as log:
-                self.proc = subprocess.Popen(
-                    [self.python, "-m", "kcache.cli", "serve", "--port", str(self.port), "--data-dir", str(self.data_dir)],
-                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                    env=clean_env(KCACHE_AUTOLOAD="0", **self.extra_env), cwd=REPO,
-                )
-            deadline = time.monotonic() + timeout
-            while time.monotonic() < deadline and self.proc.poll() is None:
-                try:
-                    if httpx.get(f"{self.url}/healthz", timeout=1.0).status_code == 200:
-                        return self
-                except httpx.TransportError:
-                    pass
-                time.sleep(0.05)
-            self.stop()
-        raise RuntimeError(f"kcache serve did not become healthy:\n{self.log.read_text(errors='replace')[-3000:]}")
-
-    def stop(self) -> None:
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=5)
-        self.proc = None
-
-    def __enter__(self) -> KcacheService:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 # ---- filesystem snapshots -------------------------------------------------------------------

@@ -25,9 +25,9 @@ from api_helpers import (  # noqa: E402
     assert_error,
     clean_env,
     inproc_client,
-    kcache_cmd,
     make_settings,
 )
+from live import kcache_cmd  # noqa: E402
 
 pytest_plugins = ["api_helpers"]
 

@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from netfaults import FaultServer, clean_env
+from live import clean_env
+from netfaults import FaultServer
 
 pytestmark = pytest.mark.slow
 

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from netfaults import KcacheService, clean_env
+from live import ServerProcess, clean_env
 
 pytestmark = pytest.mark.slow
 
@@ -80,8 +80,9 @@ def client_venv(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
 
 
 @pytest.fixture(scope="module")
-def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KcacheService]:
-    with KcacheService(tmp_path_factory.mktemp("client-install-service")) as svc:
+def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    root = tmp_path_factory.mktemp("client-install-service")
+    with ServerProcess(root / "data", root, env=clean_env(KCACHE_AUTOLOAD="0")) as svc:
         yield svc
 
 
@@ -125,7 +126,7 @@ def test_cli_help_and_serve_refusal(client_venv: Path, tmp_path: Path) -> None:
     assert "kcache serve needs the service install" in proc.stderr and "pip install" in proc.stderr, proc.stderr
 
 
-def test_autoload_and_install_without_torch(client_venv: Path, tmp_path: Path, service: KcacheService) -> None:
+def test_autoload_and_install_without_torch(client_venv: Path, tmp_path: Path, service: ServerProcess) -> None:
     script = (
         "import sys, kcache\n"
         "start = sorted(m for m in sys.modules if m.split('.')[0] in ('kcache', 'httpx', 'pydantic'))\n"
@@ -142,7 +143,7 @@ def test_autoload_and_install_without_torch(client_venv: Path, tmp_path: Path, s
 
 
 def test_push_and_pull_against_a_real_service(
-    client_venv: Path, tmp_path: Path, service: KcacheService, kernel_dirs: list[Path]
+    client_venv: Path, tmp_path: Path, service: ServerProcess, kernel_dirs: list[Path]
 ) -> None:
     src = kernel_dirs[0].parent
     proc = run(client_venv, "kcache", "push", str(src), "--url", service.url, cwd=tmp_path)

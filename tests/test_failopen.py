@@ -26,7 +26,8 @@ from kcache.http import KcacheClient
 from kcache.runtime import Runtime, get_runtime
 from kcache_schemas.keys import hex_to_kernel_key
 from kcache_schemas.pack import pack_kernel_dir, read_kernel_dir
-from netfaults import FaultServer, KcacheService
+from live import ServerProcess, clean_env
+from netfaults import FaultServer
 
 CONNECT, READ, RETRIES, FAILURES = 0.2, 0.5, 1, 3
 # (connect + read) per attempt, every attempt; the slack covers the 50 ms retry backoff, one
@@ -70,8 +71,9 @@ def kernels(tmp_path_factory: pytest.TempPathFactory) -> list[Kernel]:
 
 
 @pytest.fixture(scope="module")
-def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KcacheService]:
-    with KcacheService(tmp_path_factory.mktemp("failopen-service")) as svc:
+def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    root = tmp_path_factory.mktemp("failopen-service")
+    with ServerProcess(root / "data", root, env=clean_env(KCACHE_AUTOLOAD="0")) as svc:
         yield svc
 
 
@@ -168,7 +170,7 @@ def test_calls_fail_open_within_budget_then_breaker_keeps_off_network(fault: Fau
 
 @pytest.mark.slow
 def test_half_open_lets_one_probe_through_and_a_recovered_service_closes_it(
-    fault: FaultServer, service: KcacheService, tmp_path: Path
+    fault: FaultServer, service: ServerProcess, tmp_path: Path
 ) -> None:
     reset = 1.0
     rt = Runtime(config(fault.url, breaker_reset_s=reset))
@@ -217,7 +219,7 @@ def test_half_open_lets_one_probe_through_and_a_recovered_service_closes_it(
 
 @pytest.mark.slow
 def test_real_service_counts_misses_as_misses_and_hits_as_hits(
-    service: KcacheService, kernels: list[Kernel], tmp_path: Path
+    service: ServerProcess, kernels: list[Kernel], tmp_path: Path
 ) -> None:
     cfg = config(service.url, read_timeout_s=10.0, connect_timeout_s=2.0)
     rt = Runtime(cfg)

@@ -29,7 +29,8 @@ from kcache.config import ClientConfig
 from kcache.emitter import EmitOutcome
 from kcache.runtime import Runtime
 from kcache_schemas.pack import MANIFEST_NAME, MEDIA_TYPE, pack_kernel_dir, read_kernel_dir
-from netfaults import FaultServer, Request, clean_env, http_response, json_error, tar_stream, tree
+from live import clean_env
+from netfaults import FaultServer, Request, http_response, json_error, tar_stream, tree
 
 NS = "default"
 GIB = 1 << 30
