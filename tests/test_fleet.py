@@ -126,6 +126,8 @@ def test_kernels_compiled_by_a_process_killed_without_exit_handlers_are_uploaded
     env = {k: v for k, v in os.environ.items() if not k.startswith(("KCACHE_", "TRITON_"))}
     script = (
         "import os,sys,json; sys.path.insert(0, REPO)\n"
+        "from kcache.uploader import Uploader\n"
+        "Uploader.submit = lambda self, item: False  # killed before a queued upload could run\n"
         "from bench.corpus import compile_small\n"
         "dirs = compile_small(sys.argv[1], count=2)\n"
         "print(json.dumps([d.name for d in dirs]), flush=True)\n"
@@ -158,7 +160,13 @@ if sys.argv[1] == "no-compiler":
     def no_compiler(*args, **kwargs):
         raise RuntimeError("the C compiler was called")
     triton.knobs.build.impl = no_compiler
+if sys.argv[1] == "abrupt":  # the process will die before a queued upload could run: model that
+    from kcache.uploader import Uploader
+    Uploader.submit = lambda self, item: False
 module = compile_module_from_src(os.environ["PROBE_SRC"], "kcache_probe")
+if sys.argv[1] == "abrupt":  # as Inductor ends its compile workers: no atexit, no flush
+    print(json.dumps({"marker": module.marker()}), flush=True)
+    os._exit(0)
 from kcache.runtime import get_runtime
 rt = get_runtime()
 stats = None
@@ -169,23 +177,22 @@ print(json.dumps({"marker": module.marker(), "stats": stats}))
 """
 
 
+def run_host_module_job(node: Path, url: str, mode: str, src: str, script: Path | None = None) -> dict:  # type: ignore[type-arg]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KCACHE_", "TRITON_"))}
+    env.update(KCACHE_URL=url, TRITON_CACHE_DIR=str(node / "triton"), KCACHE_LOCAL_DIR=str(node / "local"), PROBE_SRC=src)
+    cmd = [sys.executable, str(script), mode] if script else [sys.executable, "-c", HOST_MODULE_JOB, mode]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
 @pytest.mark.slow
 def test_triton_host_modules_are_shared_so_a_fresh_node_runs_no_c_compiler(live_service, tmp_path: Path) -> None:
     """A fresh node's first Triton launch builds ``cuda_utils`` and launcher stubs with gcc (~0.3 s
     each on an H100 node); kcache serves them like any other artifact."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("KCACHE_", "TRITON_"))}
 
     def node(name: str, url: str, mode: str = "") -> dict:  # type: ignore[type-arg]
-        node_env = {
-            **env,
-            "KCACHE_URL": url,
-            "TRITON_CACHE_DIR": str(tmp_path / name / "triton"),
-            "KCACHE_LOCAL_DIR": str(tmp_path / name / "local"),
-            "PROBE_SRC": HOST_MODULE_SRC,
-        }
-        out = subprocess.run([sys.executable, "-c", HOST_MODULE_JOB, mode], env=node_env, capture_output=True, text=True, timeout=120)
-        assert out.returncode == 0, out.stderr[-2000:]
-        return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+        return run_host_module_job(tmp_path / name, url, mode, HOST_MODULE_SRC)
 
     producer = node("a", live_service.url)  # builds with the C compiler, uploads the .so
     assert producer["marker"] == 4242 and producer["stats"]["puts"] == 1 and producer["stats"]["misses"] == 1
@@ -197,6 +204,17 @@ def test_triton_host_modules_are_shared_so_a_fresh_node_runs_no_c_compiler(live_
     assert again["marker"] == 4242 and (again["stats"] is None or again["stats"]["errors"] == 0)
     offline = node("c", "http://127.0.0.1:9")  # service down, empty node: Triton builds it itself
     assert offline["marker"] == 4242
+
+
+@pytest.mark.slow
+def test_a_host_module_built_in_a_compile_worker_is_uploaded_before_the_worker_is_killed(live_service, tmp_path: Path) -> None:
+    src = HOST_MODULE_SRC.replace("4242", "4343")  # another module: another key
+    worker = tmp_path / "torch" / "_inductor" / "compile_worker" / "__main__.py"  # how Inductor runs them
+    worker.parent.mkdir(parents=True)
+    worker.write_text(HOST_MODULE_JOB)
+    assert run_host_module_job(tmp_path / "worker", live_service.url, "abrupt", src, script=worker)["marker"] == 4343
+    fresh = run_host_module_job(tmp_path / "fresh", live_service.url, "no-compiler", src)
+    assert fresh["marker"] == 4343 and fresh["stats"]["hits"] == 1
 
 
 def test_compile_worker_detection(monkeypatch: pytest.MonkeyPatch) -> None:
