@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kcache.config import ClientConfig
@@ -35,6 +36,25 @@ def run_node(tmp: Path, name: str, url: str, **env: str) -> dict:  # type: ignor
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("REPORT "))
     return json.loads(line[len("REPORT ") :])  # type: ignore[no-any-return]
+
+
+def run_job(script: str | Path, *args: str, **env: str) -> Any:
+    """Run a Python job (source, or a file) as a fresh process that inherits no KCACHE_*/TRITON_*
+    setting, and return the JSON on its last stdout line."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("KCACHE_", "TRITON_"))}
+    cmd = [sys.executable, str(script)] if isinstance(script, Path) else [sys.executable, "-c", script]
+    out = subprocess.run([*cmd, *args], env={**base, **env}, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def as_compile_worker(root: Path, script: str) -> Path:
+    """Inductor runs its compile sidecar from torch/_inductor/compile_worker/__main__.py, which is
+    how kcache tells such a process (killed without exit handlers) apart."""
+    worker = root / "torch" / "_inductor" / "compile_worker" / "__main__.py"
+    worker.parent.mkdir(parents=True)
+    worker.write_text(script)
+    return worker
 
 
 @pytest.mark.slow
@@ -95,7 +115,6 @@ def test_fresh_node_gets_remote_hits_and_a_warmed_node_needs_no_network(live_ser
 @pytest.mark.slow
 def test_triton_manager_is_local_first(live_service, tmp_path: Path) -> None:
     """Unlike Triton's RemoteCacheManager, a local hit never touches the network."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("KCACHE_", "TRITON_"))}
     script = (
         "import json,sys,triton; sys.path.insert(0, REPO)\n"
         "from bench.corpus import compile_small\n"
@@ -107,10 +126,8 @@ def test_triton_manager_is_local_first(live_service, tmp_path: Path) -> None:
     ).replace("REPO", repr(str(Path(__file__).resolve().parent.parent)))
     cache = tmp_path / "triton"
 
-    def run(url: str) -> dict:  # type: ignore[type-arg]
-        out = subprocess.run([sys.executable, "-c", script, str(cache)], env={**env, "KCACHE_URL": url, "TRITON_CACHE_DIR": str(cache), "TRITON_DEFAULT_FP_FUSION": "1"}, capture_output=True, text=True, timeout=120)
-        assert out.returncode == 0, out.stderr[-2000:]
-        return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+    def run(url: str) -> Any:
+        return run_job(script, str(cache), KCACHE_URL=url, TRITON_CACHE_DIR=str(cache), TRITON_DEFAULT_FP_FUSION="1")
 
     first = run(live_service.url)  # compiles locally, uploads in the background
     assert first["hits"] == [False, False] and first["stats"]["kernel"]["puts"] == 2
@@ -123,7 +140,6 @@ def test_triton_manager_is_local_first(live_service, tmp_path: Path) -> None:
 def test_kernels_compiled_by_a_process_killed_without_exit_handlers_are_uploaded(live_service, tmp_path: Path) -> None:
     """Inductor terminates its compile workers (no atexit), so there the Triton manager must not
     leave uploads queued in the background."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("KCACHE_", "TRITON_"))}
     script = (
         "import os,sys,json; sys.path.insert(0, REPO)\n"
         "from kcache.uploader import Uploader\n"
@@ -134,13 +150,8 @@ def test_kernels_compiled_by_a_process_killed_without_exit_handlers_are_uploaded
         "os._exit(0)  # like SIGTERM from ProcessPoolExecutor: no atexit, no flush\n"
     ).replace("REPO", repr(str(Path(__file__).resolve().parent.parent)))
     cache = tmp_path / "worker-triton"
-    # Run it as Inductor runs its compile sidecar: from torch/_inductor/compile_worker/__main__.py.
-    worker = tmp_path / "torch" / "_inductor" / "compile_worker" / "__main__.py"
-    worker.parent.mkdir(parents=True)
-    worker.write_text(script)
-    out = subprocess.run([sys.executable, str(worker), str(cache)], env={**env, "KCACHE_URL": live_service.url, "TRITON_CACHE_DIR": str(cache), "TRITON_DEFAULT_FP_FUSION": "1"}, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr[-2000:]
-    keys = json.loads(out.stdout.strip().splitlines()[-1])
+    worker = as_compile_worker(tmp_path, script)
+    keys = run_job(worker, str(cache), KCACHE_URL=live_service.url, TRITON_CACHE_DIR=str(cache), TRITON_DEFAULT_FP_FUSION="1")
     assert KcacheClient(ClientConfig(url=live_service.url)).missing(keys) == []
 
 
@@ -177,13 +188,9 @@ print(json.dumps({"marker": module.marker(), "stats": stats}))
 """
 
 
-def run_host_module_job(node: Path, url: str, mode: str, src: str, script: Path | None = None) -> dict:  # type: ignore[type-arg]
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("KCACHE_", "TRITON_"))}
-    env.update(KCACHE_URL=url, TRITON_CACHE_DIR=str(node / "triton"), KCACHE_LOCAL_DIR=str(node / "local"), PROBE_SRC=src)
-    cmd = [sys.executable, str(script), mode] if script else [sys.executable, "-c", HOST_MODULE_JOB, mode]
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr[-2000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+def run_host_module_job(node: Path, url: str, mode: str, src: str, script: Path | None = None) -> Any:
+    env = {"KCACHE_URL": url, "TRITON_CACHE_DIR": str(node / "triton"), "KCACHE_LOCAL_DIR": str(node / "local"), "PROBE_SRC": src}
+    return run_job(script or HOST_MODULE_JOB, mode, **env)
 
 
 @pytest.mark.slow
@@ -191,7 +198,7 @@ def test_triton_host_modules_are_shared_so_a_fresh_node_runs_no_c_compiler(live_
     """A fresh node's first Triton launch builds ``cuda_utils`` and launcher stubs with gcc (~0.3 s
     each on an H100 node); kcache serves them like any other artifact."""
 
-    def node(name: str, url: str, mode: str = "") -> dict:  # type: ignore[type-arg]
+    def node(name: str, url: str, mode: str = "") -> Any:
         return run_host_module_job(tmp_path / name, url, mode, HOST_MODULE_SRC)
 
     producer = node("a", live_service.url)  # builds with the C compiler, uploads the .so
@@ -209,9 +216,7 @@ def test_triton_host_modules_are_shared_so_a_fresh_node_runs_no_c_compiler(live_
 @pytest.mark.slow
 def test_a_host_module_built_in_a_compile_worker_is_uploaded_before_the_worker_is_killed(live_service, tmp_path: Path) -> None:
     src = HOST_MODULE_SRC.replace("4242", "4343")  # another module: another key
-    worker = tmp_path / "torch" / "_inductor" / "compile_worker" / "__main__.py"  # how Inductor runs them
-    worker.parent.mkdir(parents=True)
-    worker.write_text(HOST_MODULE_JOB)
+    worker = as_compile_worker(tmp_path, HOST_MODULE_JOB)
     assert run_host_module_job(tmp_path / "worker", live_service.url, "abrupt", src, script=worker)["marker"] == 4343
     fresh = run_host_module_job(tmp_path / "fresh", live_service.url, "no-compiler", src)
     assert fresh["marker"] == 4343 and fresh["stats"]["hits"] == 1
@@ -271,13 +276,11 @@ def test_a_fetched_entry_reaches_the_local_tier_so_the_next_process_needs_no_net
     script = (
         "import sys; from kcache.config import ClientConfig; from kcache.runtime import Runtime\n"
         "rt = Runtime(ClientConfig(url=sys.argv[1], mode='readonly'))\n"
-        "assert len(rt.get_entry('fx-graph', 'pt2:fx-graph-v1::local-tier:c1') or b'') == 3_000_000\n"
+        "fetched = len(rt.get_entry('fx-graph', 'pt2:fx-graph-v1::local-tier:c1') or b'')\n"
         "rt.close()\n"
+        "print(fetched)\n"
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KCACHE_")}
-    env.update(KCACHE_LOCAL_DIR=str(tmp_path / "local"), KCACHE_AUTOLOAD="0")
-    out = subprocess.run([sys.executable, "-c", script, live_service.url], env=env, capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr[-2000:]
+    assert run_job(script, live_service.url, KCACHE_LOCAL_DIR=str(tmp_path / "local"), KCACHE_AUTOLOAD="0") == 3_000_000
     monkeypatch.setenv("KCACHE_LOCAL_DIR", str(tmp_path / "local"))
     offline = Runtime(ClientConfig(url="http://127.0.0.1:9", mode="readonly"))  # nothing listens
     assert offline.get_entry("fx-graph", "pt2:fx-graph-v1::local-tier:c1") == blob
