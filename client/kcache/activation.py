@@ -49,6 +49,12 @@ def activate(**overrides: Any) -> bool:
             install_remote_caches(rt)
         except Exception as exc:
             rt.warn_once("could not serve Inductor's remote caches", exc)
+        try:
+            from kcache.coordesc_reuse import install as install_coordesc_reuse
+
+            install_coordesc_reuse()
+        except Exception as exc:
+            rt.warn_once("could not hook Inductor's autotune recheck", exc)
     return True
 
 
@@ -61,6 +67,10 @@ def deactivate() -> None:
         from kcache.remote_cache import uninstall_remote_caches
 
         uninstall_remote_caches()
+    if "kcache.coordesc_reuse" in sys.modules:
+        from kcache.coordesc_reuse import uninstall as uninstall_coordesc_reuse
+
+        uninstall_coordesc_reuse()
     if os.environ.get("TRITON_CACHE_MANAGER") == TRITON_MANAGER:
         del os.environ["TRITON_CACHE_MANAGER"]
     # Otherwise processes started after uninstall() would still autoload kcache from KCACHE_URL.
