@@ -19,6 +19,9 @@ for bench in compression emit service_throughput; do
   python -m "bench.$bench" "$@"
   echo
 done
+echo "=== python -m bench.fx_entry_read ==="  # no corpus: takes no --n
+python -m bench.fx_entry_read
+echo
 # Client overhead is another engineer's benchmark; run it when it is there.
 if [[ -f bench/client_overhead.py ]]; then
   echo "=== python -m bench.client_overhead ==="

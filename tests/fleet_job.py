@@ -32,6 +32,20 @@ if os.environ.get("KCACHE_WORKLOAD") and os.environ.get("PROBE_PREFETCH") == "1"
     report["prefetch_counts"] = rt.prefetcher.counts
     report["prefetch_done_at_s"] = time.perf_counter() - T0
 
+if os.environ.get("FORBID_FX_GRAPH_JSON") == "1":
+    # Prove a remote FX-graph hit is unpickled straight from kcache's envelope: Inductor's JSON
+    # form of the entry cannot be produced in this process.
+    import kcache.fx_graph_entries as fx_entries
+
+    _to_json = fx_entries.inductor_json
+
+    def _no_json(stored: bytes) -> bytes:
+        if stored.startswith(fx_entries.MAGIC):
+            raise AssertionError("FX-graph entry went through Inductor's JSON path")
+        return _to_json(stored)  # other layers' entries are Inductor's JSON as stored
+
+    fx_entries.inductor_json = _no_json
+
 import torch  # noqa: E402
 import triton  # noqa: E402
 from torch._dynamo.utils import counters  # noqa: E402

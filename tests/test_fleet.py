@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from kcache.config import ClientConfig
+from kcache.fx_graph_entries import MAGIC
 from kcache.http import KcacheClient
 
 pytest_plugins = ["live"]
@@ -67,11 +68,13 @@ def test_fresh_node_gets_remote_hits_and_a_warmed_node_needs_no_network(live_ser
     assert a["stats"]["fx-graph"]["puts"] == 1 and a["stats"]["kernel"]["puts"] == 3
     assert a["stats"]["kernel"]["errors"] == 0
 
-    # Nothing machine-local leaked into what was stored: A's cache dirs, user or host.
+    # Nothing machine-local leaked into the kernels kcache packed: A's cache dirs, user or host.
+    # (Inductor's own entries are its pickles, stored as Inductor made them: a compiled graph
+    # carries a repro script, ``runnable_graph_str``, that names the producer's TORCH*/TRITON*
+    # environment, cache dirs included, exactly as Inductor's Redis cache would store it.)
     client = KcacheClient(ClientConfig(url=live_service.url))
     stored = [client.get_pack(k) for k in a["kernel_keys"]]
     view = client.get_json("/v1/default/workloads/resnet-ish")
-    stored += [client.get_entry(e["layer"], e["key"])[0] for e in view["entries"]]
     assert {e["layer"] for e in view["entries"]} == {"fx-graph", "aot-autograd"}
     assert sorted(view["kernels"]) == sorted(a["kernel_keys"])
     import zstandard
@@ -80,9 +83,14 @@ def test_fresh_node_gets_remote_hits_and_a_warmed_node_needs_no_network(live_ser
         raw = zstandard.ZstdDecompressor().decompressobj().decompress(blob) if blob[:4] == b"\x28\xb5\x2f\xfd" else blob
         assert str(tmp_path / "a").encode() not in raw
 
+    # The FX graph is stored as its raw pickle (kcache's envelope), not Inductor's base64 JSON.
+    fx_entry = next(e for e in view["entries"] if e["layer"] == "fx-graph")
+    assert client.get_entry("fx-graph", fx_entry["key"])[0].startswith(MAGIC)
+
     # Node B: different local cache dirs, no workload. Remote FX-graph + AOT hits (Inductor's own
-    # counters), Triton kernel hits through kcache's cache manager, identical results.
-    b = run_node(tmp_path, "b", live_service.url)
+    # counters), Triton kernel hits through kcache's cache manager, identical results; the graph
+    # is unpickled from the envelope without Inductor's JSON decoding (which would raise there).
+    b = run_node(tmp_path, "b", live_service.url, FORBID_FX_GRAPH_JSON="1")
     assert b["fx"].get("fxgraph_cache_hit") == 1 and not b["fx"].get("fxgraph_cache_miss")
     assert b["aot"].get("autograd_cache_hit") == 1
     assert b["triton_cache_hits"] == [True] * 3

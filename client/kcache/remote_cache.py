@@ -21,13 +21,15 @@ from typing import Any
 
 from kcache_schemas import InvalidKeyError, normalize_entry_key
 
+from kcache import fx_graph_entries
 from kcache.runtime import Runtime, get_runtime
 
 log = logging.getLogger("kcache.remote_cache")
 
+FX_GRAPH = "fx-graph"
 # layer -> (remote cache class, (config module, switch))
 LAYERS: dict[str, tuple[str, tuple[str, str]]] = {
-    "fx-graph": ("RemoteFxGraphCache", ("torch._inductor.config", "fx_graph_remote_cache")),
+    FX_GRAPH: ("RemoteFxGraphCache", ("torch._inductor.config", "fx_graph_remote_cache")),
     "autotune": ("RemoteAutotuneCache", ("torch._inductor.config", "autotune_remote_cache")),
     "bundled-autotune": ("RemoteBundledAutotuneCache", ("torch._inductor.config", "bundled_autotune_remote_cache")),
     "aot-autograd": ("RemoteAOTAutogradCache", ("torch._functorch.config", "enable_remote_autograd_cache")),
@@ -75,8 +77,13 @@ def backend_class() -> type:
         def __init__(self, layer: str) -> None:
             super().__init__()
             self.layer = layer
+            if layer == FX_GRAPH:
+                # Now, not at install(): kcache installs while torch._inductor.codecache may
+                # still be importing, and Inductor builds this backend right before a lookup.
+                _install_fast_reads()
 
-        def _get(self, key: str) -> bytes | None:
+        def get_stored(self, key: str) -> bytes | None:
+            """The entry as stored (for FX graphs usually the raw-pickle envelope)."""
             rt = get_runtime()
             if rt is None:
                 return None
@@ -86,16 +93,41 @@ def backend_class() -> type:
                 rt.warn_once(f"{self.layer} lookup failed", exc)
                 return None
 
+        def _get(self, key: str) -> bytes | None:
+            stored = self.get_stored(key)
+            if stored is None:
+                return None
+            try:
+                return fx_graph_entries.inductor_json(stored)
+            except ValueError as exc:
+                rt = get_runtime()
+                if rt is not None:
+                    rt.warn_once(f"{self.layer} entry unreadable", exc)
+                return None
+
         def _put(self, key: str, data: bytes) -> None:
             rt = get_runtime()
             if rt is None:
                 return
             try:
-                rt.put_entry(self.layer, service_key(key), data, _compile_time_s(data))
+                compile_time = _compile_time_s(data)
+                if self.layer == FX_GRAPH:
+                    data = fx_graph_entries.encode(data) or data
+                rt.put_entry(self.layer, service_key(key), data, compile_time)
             except Exception as exc:
                 rt.warn_once(f"{self.layer} store failed", exc)
 
     return KcacheRemoteCacheBackend
+
+
+def _install_fast_reads() -> None:
+    rt = get_runtime()
+    try:
+        if not fx_graph_entries.install_fast_reads(lambda backend: isinstance(backend, backend_class())) and rt is not None:
+            rt.warn_once("this torch has no FxGraphCache.iterate_over_candidates; FX graphs are read through JSON")
+    except Exception as exc:
+        if rt is not None:
+            rt.warn_once("could not hook FxGraphCache.iterate_over_candidates", exc)
 
 
 def selected_layers() -> list[str]:
@@ -153,3 +185,4 @@ def uninstall_remote_caches() -> None:
             cls.backend_override_cls = override
         setattr(importlib.import_module(config_module), switch, switch_value)
     _installed.clear()
+    fx_graph_entries.uninstall_fast_reads()
