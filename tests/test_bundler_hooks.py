@@ -137,3 +137,26 @@ def test_a_kernel_hit_credits_the_producers_compile_time(live_service, real_kern
     produced = sum(KcacheClient(ClientConfig(url=live_service.url)).manifest(d.name).producer.compile_time_s or 0 for d in real_kernel_dirs)
     assert produced > 0 and stats["saved_s"] == pytest.approx(produced, rel=1e-3)
     node.close()
+
+
+def test_a_kernel_kcache_cannot_emit_falls_back_to_inductor_while_the_rest_are_emitted(
+    real_kernel_dirs, monkeypatch, tmp_path: Path
+) -> None:
+    from torch._inductor.triton_bundler import TritonKernelArtifacts
+
+    bundle, _meta = _collect(real_kernel_dirs, monkeypatch)
+    good = list(bundle.kernel_artifacts)
+    # Not a Triton key (kcache's emitter refuses it as a path); Inductor's own code still writes it.
+    odd = TritonKernelArtifacts("not_a_triton_key", good[0].device, good[0].artifacts)
+    node = tmp_path / "node-triton"
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(node))
+    assert kcache.install(url="http://127.0.0.1:9")
+    try:
+        with inductor_config.patch(bundle_triton_into_fx_graph_cache=True):
+            meta = TritonBundler.read_and_emit(_with_kernels(bundle, [*good[:2], odd, *good[2:]]))
+    finally:
+        kcache.uninstall()
+    for d in real_kernel_dirs:
+        assert read_kernel_dir(node / d.name) == read_kernel_dir(d)
+    assert (node / "not_a_triton_key").is_dir()  # written by Inductor's read_and_emit
+    assert meta is not None and len(meta.cached_kernel_names) == len(real_kernel_dirs) + 1

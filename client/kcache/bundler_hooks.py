@@ -10,7 +10,9 @@ and falls back to Inductor's own behaviour.
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,7 @@ from kcache.runtime import Runtime
 
 _originals: dict[str, Any] = {}
 _WRAPPED = ("begin_compile", "put", "put_winner", "collect", "read_and_emit")
+_EMIT_THREADS = 8
 
 
 def _bundler_class() -> Any:
@@ -106,15 +109,31 @@ def install_bundler_hooks(rt: Runtime) -> bool:
         bin_exts = set(GPU_KERNEL_BIN_EXTS.values())
         names: list[str] = []
         fallback: list[Any] = []
-        for ka in kernels:
+
+        def emit(ka: Any) -> Exception | None:
             try:
                 files = {a.filename: a.payload for a in ka.artifacts}
                 manifest = manifest_for_files(ka.kernel_hash, files)
                 rt.emit_local(Path(tb_module.triton_cache_dir(ka.device)), manifest, files)  # type: ignore[attr-defined]
+                return None
+            except Exception as exc:
+                return exc
+
+        # A max-autotune graph carries ~135 kernel dirs (every benchmarked candidate): written one
+        # by one they took 0.4 s of an H100 warm start. The work is mostly mkdir/write/rename
+        # system calls, which release the GIL, so a few threads overlap them.
+        threads = min(_EMIT_THREADS, os.cpu_count() or 1, len(kernels))
+        if threads > 1:
+            with ThreadPoolExecutor(threads, thread_name_prefix="kcache-emit") as pool:
+                errors = list(pool.map(emit, kernels))
+        else:
+            errors = [emit(ka) for ka in kernels]
+        for ka, error in zip(kernels, errors, strict=True):
+            if error is None:
                 counters["inductor"]["triton_bundler_read_and_emit_kernel"] += len(ka.artifacts)
                 names += [Path(a.filename).stem for a in ka.artifacts if Path(a.filename).suffix in bin_exts]
-            except Exception as exc:
-                rt.warn_once(f"could not emit kernel {ka.kernel_hash} through kcache", exc)
+            else:
+                rt.warn_once(f"could not emit kernel {ka.kernel_hash} through kcache", error)
                 fallback.append(ka)
         rt.bundle_emit_s += time.perf_counter() - t0
         metadata = call("read_and_emit", _with_kernels(bundle, fallback))
