@@ -294,3 +294,19 @@ def test_a_fetched_entry_reaches_the_local_tier_so_the_next_process_needs_no_net
     assert offline.get_entry("fx-graph", "pt2:fx-graph-v1::local-tier:c1") == blob
     assert offline.stats.snapshot()["fx-graph"]["errors"] == 0
     offline.close()
+
+
+@pytest.mark.slow
+def test_switching_kcache_on_or_off_keeps_inductors_local_cache_keys(live_service, tmp_path: Path) -> None:
+    """kcache must not change what Inductor hashes into its keys (its config switches included):
+    a node's local caches written without kcache hit with it, and the other way round."""
+    without = run_node(tmp_path, "n", live_service.url, KCACHE_MODE="off")
+    assert without["fx"].get("fxgraph_cache_miss") == 1 and without["stats"] is None
+    with_kcache = run_node(tmp_path, "n", live_service.url)
+    assert with_kcache["fx"].get("fxgraph_cache_hit") == 1 and not with_kcache["fx"].get("fxgraph_cache_miss")
+    assert with_kcache["aot"].get("autograd_cache_hit") == 1
+    assert with_kcache["stats"].get("fx-graph", {}).get("hits", 0) == 0  # a local hit: no service needed
+    assert with_kcache["out"] == without["out"]
+    # And back: without kcache again, the node still hits what it has.
+    off_again = run_node(tmp_path, "n", live_service.url, KCACHE_MODE="off")
+    assert off_again["fx"].get("fxgraph_cache_hit") == 1 and off_again["aot"].get("autograd_cache_hit") == 1

@@ -17,11 +17,13 @@ import importlib
 import logging
 import os
 import re
+import sys
 from typing import Any
 
 from kcache_schemas import InvalidKeyError, normalize_entry_key
 
 from kcache import fx_graph_entries
+from kcache.after_import import call_after_import
 from kcache.runtime import Runtime, get_runtime
 
 log = logging.getLogger("kcache.remote_cache")
@@ -36,9 +38,27 @@ LAYERS: dict[str, tuple[str, tuple[str, str]]] = {
     "dynamo-pgo": ("RemoteDynamoPGOCache", ("torch._dynamo.config", "automatic_dynamic_remote_pgo")),
 }
 # Inductor's bundled autotune cache asserts on CPU-only hosts (torch 2.13: _get_backend_hash),
-# so kcache switches it on only where a GPU is visible; a cache must never break a compile.
+# so kcache serves it only where a GPU is visible; a cache must never break a compile.
 GPU_ONLY = {"bundled-autotune"}
+# Switches Inductor hashes into its own cache keys. Flipping one would make every graph compiled
+# with kcache miss the local caches written without it, and back (KCACHE_MODE=off would mean a
+# full recompile). Inductor's FX key ignores fx_graph_remote_cache and autotune_remote_cache, but
+# not bundled_autotune_remote_cache: kcache serves that layer only if the user switches it on (the
+# autotune layer carries the same winners, per kernel). AOTAutograd pickles all of
+# torch._functorch.config into its key: kcache leaves enable_remote_autograd_cache unset and
+# answers AOTAutograd's "use the remote cache?" question (the predicate below) instead.
+OPT_IN = {"bundled-autotune"}
+# layer -> (module, predicate, modules that import it by name): wrapped to say yes while kcache
+# serves the layer and the switch is unset
+PREDICATES = {
+    "aot-autograd": (
+        "torch._functorch._aot_autograd.autograd_cache",
+        "should_use_remote_autograd_cache",
+        ("torch._functorch._aot_autograd.graph_compile", "torch._functorch.aot_autograd"),
+    )
+}
 _installed: dict[str, tuple[Any, Any]] = {}  # layer -> (previous override, previous switch)
+_predicates: dict[str, tuple[Any, Any]] = {}  # layer -> (module, original predicate)
 
 
 def service_key(key: str) -> str:
@@ -168,10 +188,37 @@ def install_remote_caches(rt: Runtime, layers: list[str] | None = None) -> list[
         previous = getattr(config, switch)
         _installed[layer] = (cls.__dict__.get("backend_override_cls"), previous)
         cls.backend_override_cls = functools.partial(backend, layer)
-        if previous is None:  # unset: kcache turns the layer on; an explicit choice stands
+        # Unset: kcache turns the layer on; an explicit choice (True or False) stands.
+        if layer in PREDICATES:
+            call_after_import(PREDICATES[layer][0], functools.partial(_wrap_predicate, layer))
+        elif previous is None and layer not in OPT_IN:
             setattr(config, switch, True)
         done.append(layer)
     return done
+
+
+def _wrap_predicate(layer: str, module: Any) -> None:
+    _, name, importers = PREDICATES[layer]
+    original = module.__dict__.get(name)
+    if layer not in _installed or layer in _predicates or original is None:
+        return  # uninstalled before the module loaded, already wrapped, or a torch without it
+    config_module, switch = LAYERS[layer][1]
+    config = importlib.import_module(config_module)
+
+    def predicate() -> bool:
+        return True if getattr(config, switch) is None else bool(original())
+
+    predicate.__wrapped__ = original  # type: ignore[attr-defined]
+    _predicates[layer] = (module, original)
+    setattr(module, name, predicate)
+    # Modules that imported the name before we got here hold the original: point them at ours.
+    for other in _importers(importers):
+        if other.__dict__.get(name) is original:
+            setattr(other, name, predicate)
+
+
+def _importers(names: tuple[str, ...]) -> list[Any]:
+    return [sys.modules[n] for n in names if n in sys.modules]
 
 
 def uninstall_remote_caches() -> None:
@@ -185,4 +232,11 @@ def uninstall_remote_caches() -> None:
             cls.backend_override_cls = override
         setattr(importlib.import_module(config_module), switch, switch_value)
     _installed.clear()
+    for layer, (module, original) in _predicates.items():
+        _, name, importers = PREDICATES[layer]
+        wrapper = module.__dict__.get(name)
+        for other in [module, *_importers(importers)]:
+            if other.__dict__.get(name) is wrapper:
+                setattr(other, name, original)
+    _predicates.clear()
     fx_graph_entries.uninstall_fast_reads()

@@ -1,0 +1,67 @@
+"""Run a callback once a module has finished importing.
+
+kcache installs while torch is still importing itself (right after
+``torch._inductor.triton_bundler`` loads, with ``torch._functorch.aot_autograd`` and
+``torch._inductor.codecache`` half-initialised), so some hooks must wait for their module.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from collections.abc import Callable
+from importlib.machinery import ModuleSpec
+from types import ModuleType
+from typing import Any
+
+
+def _loaded(name: str) -> ModuleType | None:
+    module = sys.modules.get(name)
+    if module is None or getattr(getattr(module, "__spec__", None), "_initializing", False):
+        return None  # not imported yet, or its code is still running
+    return module
+
+
+class _Finder:  # a meta path finder for one module, removed once it fired
+    def __init__(self, name: str, callback: Callable[[ModuleType], None]) -> None:
+        self.name, self.callback = name, callback
+
+    def find_spec(self, fullname: str, path: Any, target: ModuleType | None = None) -> ModuleSpec | None:
+        if fullname != self.name:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        if spec is not None and spec.loader is not None:
+            spec.loader = _Loader(spec.loader, self.callback)  # type: ignore[assignment]
+        return spec
+
+
+class _Loader:
+    def __init__(self, inner: Any, callback: Callable[[ModuleType], None]) -> None:
+        self._inner, self._callback = inner, callback
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("_inner", "_callback"):
+            raise AttributeError(name)
+        return getattr(self._inner, name)
+
+    def create_module(self, spec: ModuleSpec) -> ModuleType | None:
+        return self._inner.create_module(spec)  # type: ignore[no-any-return]
+
+    def exec_module(self, module: ModuleType) -> None:
+        self._inner.exec_module(module)
+        self._callback(module)
+
+
+def call_after_import(name: str, callback: Callable[[ModuleType], None]) -> None:
+    """``callback(module)`` now if ``name`` is imported, else right after its import finishes.
+
+    A module already being imported (started, not finished) is not handled: the caller picks a
+    module that is imported after it (here, a submodule torch imports lazily)."""
+    module = _loaded(name)
+    if module is not None:
+        callback(module)
+    elif name not in sys.modules:
+        sys.meta_path.insert(0, _Finder(name, callback))
+    else:
+        raise RuntimeError(f"{name} is being imported right now; cannot hook it")
