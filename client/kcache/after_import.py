@@ -53,15 +53,29 @@ class _Loader:
         self._callback(module)
 
 
+class _WhenInitialised:  # a meta path finder that finds nothing: it watches every later import
+    def __init__(self, name: str, callback: Callable[[ModuleType], None]) -> None:
+        self.name, self.callback = name, callback
+
+    def find_spec(self, fullname: str, path: Any, target: ModuleType | None = None) -> None:
+        module = _loaded(self.name)
+        if module is not None:
+            sys.meta_path.remove(self)
+            self.callback(module)
+        return None
+
+
 def call_after_import(name: str, callback: Callable[[ModuleType], None]) -> None:
     """``callback(module)`` now if ``name`` is imported, else right after its import finishes.
 
-    A module already being imported (started, not finished) is not handled: the caller picks a
-    module that is imported after it (here, a submodule torch imports lazily)."""
+    A module whose import has started but not finished (kcache installs in the middle of torch's
+    own imports) is called back at the first import anywhere after it finished: torch imports
+    lazily all through a compile, long before a graph is looked up. Modules that bound a name
+    from it by then are the callback's to update."""
     module = _loaded(name)
     if module is not None:
         callback(module)
     elif name not in sys.modules:
         sys.meta_path.insert(0, _Finder(name, callback))
     else:
-        raise RuntimeError(f"{name} is being imported right now; cannot hook it")
+        sys.meta_path.insert(0, _WhenInitialised(name, callback))
