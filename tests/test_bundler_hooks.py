@@ -160,3 +160,31 @@ def test_a_kernel_kcache_cannot_emit_falls_back_to_inductor_while_the_rest_are_e
         assert read_kernel_dir(node / d.name) == read_kernel_dir(d)
     assert (node / "not_a_triton_key").is_dir()  # written by Inductor's read_and_emit
     assert meta is not None and len(meta.cached_kernel_names) == len(real_kernel_dirs) + 1
+
+
+def test_a_warm_node_keeps_its_kernel_dirs_and_a_truncated_one_is_repaired(real_kernel_dirs, monkeypatch, tmp_path: Path) -> None:
+    import os
+    import shutil
+
+    bundle, _meta = _collect(real_kernel_dirs, monkeypatch)
+    node = tmp_path / "warm-node-triton"
+    for d in real_kernel_dirs:  # the node compiled these itself earlier
+        shutil.copytree(d, node / d.name)
+    before = {d.name: os.stat(node / d.name).st_ino for d in real_kernel_dirs}
+    victim = real_kernel_dirs[1]
+    cubin = next(p for p in (node / victim.name).iterdir() if p.suffix == ".cubin")
+    cubin.write_bytes(cubin.read_bytes()[:100])  # a crash mid-write left it short
+    os.utime(node / victim.name, (time.time() - 7200,) * 2)
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(node))
+    assert kcache.install(url="http://127.0.0.1:9")
+    try:
+        with inductor_config.patch(bundle_triton_into_fx_graph_cache=True):
+            meta = TritonBundler.read_and_emit(bundle)
+    finally:
+        kcache.uninstall()
+    assert meta is not None and len(meta.cached_kernel_names) == len(real_kernel_dirs)
+    for d in real_kernel_dirs:
+        assert read_kernel_dir(node / d.name) == read_kernel_dir(d)
+        kept = os.stat(node / d.name).st_ino == before[d.name]
+        assert kept == (d != victim), d.name  # whole dirs left alone; the short one replaced
+    assert any(p.name.startswith("quarantine.") for p in node.iterdir())

@@ -18,6 +18,7 @@ from typing import Any
 
 from kcache_schemas.pack import manifest_for_files
 
+from kcache.emitter import looks_emitted
 from kcache.runtime import Runtime
 
 _originals: dict[str, Any] = {}
@@ -113,8 +114,11 @@ def install_bundler_hooks(rt: Runtime) -> bool:
         def emit(ka: Any) -> Exception | None:
             try:
                 files = {a.filename: a.payload for a in ka.artifacts}
-                manifest = manifest_for_files(ka.kernel_hash, files)
-                rt.emit_local(Path(tb_module.triton_cache_dir(ka.device)), manifest, files)  # type: ignore[attr-defined]
+                cache_dir = Path(tb_module.triton_cache_dir(ka.device))  # type: ignore[attr-defined]
+                if looks_emitted(cache_dir, ka.kernel_hash, files):  # a warm node: nothing to write
+                    rt.note_kernel(ka.kernel_hash)
+                    return None
+                rt.emit_local(cache_dir, manifest_for_files(ka.kernel_hash, files), files)
                 return None
             except Exception as exc:
                 return exc
