@@ -8,6 +8,9 @@ For each workload, against a kcache service on the embedded default on the same 
 * ``kcache-prefetch`` a fresh node with KCACHE_WORKLOAD set: prefetch from interpreter start.
 * ``kernels-only``   a fresh node with only the kernel layer (Triton cache manager; no FX layer).
 * ``local-warm``     the cold node's own caches, second process (the limit).
+* ``local-warm-kcache`` the same with kcache on (read-only): what a node with warm local caches
+                     gets from kcache's client-side fixes (e.g. coordinate-descent reuse), so the
+                     warm/local comparison is also made with both sides running kcache.
 
 Each run records the first-call time, Inductor's cache counters and kcache's stats, and saves its
 output so warm runs can be compared with the cold one. Writes ``<out>/gpu_e2e.json`` and a bar
@@ -30,7 +33,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-SCENARIOS = ["cold", "populate", "kcache-warm", "kcache-prefetch", "kernels-only", "local-warm"]
+SCENARIOS = ["cold", "populate", "kcache-warm", "kcache-prefetch", "kernels-only", "local-warm", "local-warm-kcache"]
+REPEATED = ("kcache-warm", "local-warm", "local-warm-kcache")  # what --repeats runs again
 WORKLOADS = ["resnet50", "gpt2-train", "gpt2-autotune", "triton-op"]
 
 
@@ -288,6 +292,7 @@ def run_workload(
         ("kcache-prefetch", "node-prefetch", {**on, "KCACHE_WORKLOAD": workload, "KCACHE_MODE": "readonly"}),
         ("kernels-only", "node-kernels", {**on, "KCACHE_LAYERS": "none"}),
         ("local-warm", "node-cold", off),  # the cold node again, caches kept
+        ("local-warm-kcache", "node-cold", {**on, "KCACHE_MODE": "readonly"}),
     ]
     runs: dict[str, Any] = {}
     result: dict[str, Any] = {"summary": {}, "runs": runs}
@@ -308,7 +313,13 @@ def run_workload(
             if save is not None:
                 save(result)  # a command cut off by its time limit still leaves what ran
         for i in range(repeats):
-            for scenario, node, env in (("kcache-warm", f"node-warm-r{i}", on), ("local-warm", "node-cold", off)):
+            for scenario, node, env in (
+                ("kcache-warm", f"node-warm-r{i}", on),
+                ("local-warm", "node-cold", off),
+                ("local-warm-kcache", "node-cold", {**on, "KCACHE_MODE": "readonly"}),
+            ):
+                if scenarios and scenario not in scenarios:
+                    continue
                 rep = run_node(workload, f"{scenario}-r{i}", wroot / node, device, env, timeout)
                 runs.setdefault(f"{scenario}-repeats", []).append(rep.get("first_call_s"))
                 runs.setdefault(f"{scenario}-repeat-reports", []).append(rep)
@@ -339,16 +350,16 @@ def summarize(runs: dict[str, Any]) -> dict[str, Any]:
     import statistics
 
     summary: dict[str, Any] = {s: runs[s].get("first_call_s") for s in SCENARIOS if s in runs}
-    for s in ("kcache-warm", "local-warm"):
+    for s in REPEATED:
         values = [v for v in [summary.get(s), *runs.get(f"{s}-repeats", [])] if v]
         if len(values) > 1:
             summary[f"{s}-runs"] = values
             summary[s] = summary[f"{s}-median"] = statistics.median(values)
-    local = summary.get("local-warm")
-    if local:
-        for s in ("kcache-warm", "kcache-prefetch"):
-            if summary.get(s):
-                summary[f"{s}/local-warm"] = summary[s] / local
+    for limit in ("local-warm", "local-warm-kcache"):
+        if local := summary.get(limit):
+            for s in ("kcache-warm", "kcache-prefetch"):
+                if summary.get(s):
+                    summary[f"{s}/{limit}"] = summary[s] / local
     return summary
 
 
@@ -440,11 +451,12 @@ def main() -> int:
         plot(results, out / f"gpu_e2e{args.tag}.png")
     except ImportError:
         print("matplotlib missing: no plot", file=sys.stderr)
-    print(f"{'workload':16}" + "".join(f"{s:>17}" for s in SCENARIOS) + "   warm/local  prefetch/local")
+    ratios = ("kcache-warm/local-warm", "kcache-prefetch/local-warm", "kcache-warm/local-warm-kcache")
+    print(f"{'workload':16}" + "".join(f"{s:>18}" for s in SCENARIOS) + "".join(f"  {r}" for r in ratios))
     for w, r in results["workloads"].items():
         s = r["summary"]
-        cells = "".join(f"{s.get(x) or float('nan'):17.2f}" for x in SCENARIOS)
-        print(f"{w:16}{cells}   {s.get('kcache-warm/local-warm', float('nan')):10.2f}  {s.get('kcache-prefetch/local-warm', float('nan')):14.2f}")
+        cells = "".join(f"{s.get(x) or float('nan'):18.2f}" for x in SCENARIOS)
+        print(f"{w:16}{cells}" + "".join(f"  {s.get(x, float('nan')):{len(x)}.2f}" for x in ratios))
     return 0
 
 
