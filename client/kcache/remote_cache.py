@@ -2,8 +2,9 @@
 
 Inductor builds each remote cache from a class in ``torch/_inductor/remote_cache.py`` and, when
 that class's ``backend_override_cls`` is set, calls it instead of connecting to Redis. We set it
-on each layer's class and switch the layer on in Inductor's config, unless the user already chose
-(an explicit ``False`` stays ``False``). ``KCACHE_LAYERS`` (comma list) picks layers; default all.
+on each layer's class and switch the layer on, unless the user already chose (an explicit
+``False`` stays ``False``), without changing any switch Inductor hashes into its cache keys (see
+``OPT_IN`` and ``PREDICATES``). ``KCACHE_LAYERS`` (comma list) picks layers; default all.
 
 Keys reach the backend already formatted by Inductor (``pt2:fx-graph-v1::<hash>:c1``): they are
 content hashes, with no paths, hosts or ranks in them, so they hit across machines.
