@@ -1,9 +1,9 @@
-"""Reuse cached coordinate-descent results on a warm start (Inductor before torch 2.13).
+"""Reuse cached coordinate-descent results on a warm start (torch 2.11; fixed in 2.13).
 
 With ``coordinate_descent_tuning`` (on in ``max-autotune`` modes) Inductor tunes each pointwise
 and reduction kernel at its first run and saves the winner to the autotune cache, marked
 ``found_by_coordesc``. A warm start loads those kernels as static autotuners and rechecks the
-autotune cache (``CachingAutotuner.recheck_autotune_cache``). Up to torch 2.12 that recheck
+autotune cache (``CachingAutotuner.recheck_autotune_cache``). In torch 2.11 (2.12 not checked) that recheck
 drops the mark when the winner is one of the configs already compiled, and ignores the cache
 altogether for single-config kernels, so ``run()`` tunes the kernel again: a few seconds of
 benchmarking and compiling new configs on every start, local warm starts included (GPT-2
