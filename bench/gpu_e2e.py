@@ -313,14 +313,12 @@ def run_workload(
             if save is not None:
                 save(result)  # a command cut off by its time limit still leaves what ran
         for i in range(repeats):
-            for scenario, node, env in (
-                ("kcache-warm", f"node-warm-r{i}", on),
-                ("local-warm", "node-cold", off),
-                ("local-warm-kcache", "node-cold", {**on, "KCACHE_MODE": "readonly"}),
-            ):
-                if scenarios and scenario not in scenarios:
+            for scenario, node, env in plans:
+                if scenario not in REPEATED or (scenarios and scenario not in scenarios):
                     continue
-                rep = run_node(workload, f"{scenario}-r{i}", wroot / node, device, env, timeout)
+                # kcache-warm needs a fresh node each time; the local scenarios rerun the cold node.
+                rep_node = node if node == "node-cold" else f"{node}-r{i}"
+                rep = run_node(workload, f"{scenario}-r{i}", wroot / rep_node, device, env, timeout)
                 runs.setdefault(f"{scenario}-repeats", []).append(rep.get("first_call_s"))
                 runs.setdefault(f"{scenario}-repeat-reports", []).append(rep)
                 print(f"[{workload}] {scenario} repeat {i}: {rep.get('first_call_s', rep.get('error'))}", flush=True)
@@ -404,7 +402,7 @@ def main() -> int:
     p.add_argument("--timeout", type=int, default=420, help="per process")
     p.add_argument("--tag", default="", help="suffix for the result file names")
     p.add_argument("--scenarios", default="", help="subset of scenarios to run (cold and local-warm share a node)")
-    p.add_argument("--repeats", type=int, default=0, help="extra kcache-warm/local-warm pairs (medians reported)")
+    p.add_argument("--repeats", type=int, default=0, help="extra runs of each of kcache-warm, local-warm, local-warm-kcache (medians reported)")
     p.add_argument("--merge", nargs="+", help="merge result files (from several calls) and plot")
     p.add_argument("--profile", default="", help="scenarios to rerun under cProfile (profile text in <out>/profiles)")
     p.add_argument("--child")

@@ -138,4 +138,3 @@ def uninstall_fast_reads() -> None:
         del FxGraphCache.iterate_over_candidates
     else:
         FxGraphCache.iterate_over_candidates = own  # type: ignore[method-assign]
-    _originals.clear()
