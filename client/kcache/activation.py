@@ -8,7 +8,9 @@ import os
 import sys
 from typing import Any
 
+from kcache import patching
 from kcache.config import ClientConfig
+from kcache.failopen import guard
 from kcache.runtime import ensure_runtime, stop_runtime
 
 log = logging.getLogger("kcache")
@@ -34,43 +36,32 @@ def activate(**overrides: Any) -> bool:
             var = f"KCACHE_{name.upper()}"
             _env_before.setdefault(var, os.environ.get(var))  # uninstall() puts it back
             os.environ[var] = str(overrides[name])
-    rt = ensure_runtime(config)
+    # The hooks look the runtime up on every call: a second install() with other options is
+    # the one they use from now on.
+    ensure_runtime(config)
     use_triton_manager()
     if "torch" in sys.modules or importlib.util.find_spec("torch") is not None:
-        try:
+        with guard("could not hook TritonBundler"):
             from kcache.bundler_hooks import install_bundler_hooks
 
-            install_bundler_hooks(rt)
-        except Exception as exc:
-            rt.warn_once("could not hook TritonBundler", exc)
-        try:
+            install_bundler_hooks()
+        with guard("could not serve Inductor's remote caches"):
             from kcache.remote_cache import install_remote_caches
 
-            install_remote_caches(rt)
-        except Exception as exc:
-            rt.warn_once("could not serve Inductor's remote caches", exc)
-        try:
+            install_remote_caches()
+        with guard("could not hook Inductor's autotune recheck"):
             from kcache.coordesc_reuse import install as install_coordesc_reuse
 
             install_coordesc_reuse()
-        except Exception as exc:
-            rt.warn_once("could not hook Inductor's autotune recheck", exc)
     return True
 
 
 def deactivate() -> None:
-    if "torch._inductor.triton_bundler" in sys.modules:
-        from kcache.bundler_hooks import uninstall_bundler_hooks
-
-        uninstall_bundler_hooks()
     if "kcache.remote_cache" in sys.modules:
         from kcache.remote_cache import uninstall_remote_caches
 
-        uninstall_remote_caches()
-    if "kcache.coordesc_reuse" in sys.modules:
-        from kcache.coordesc_reuse import uninstall as uninstall_coordesc_reuse
-
-        uninstall_coordesc_reuse()
+        uninstall_remote_caches()  # also forgets the layers a later-loading module would serve
+    patching.restore_all()
     if os.environ.get("TRITON_CACHE_MANAGER") == TRITON_MANAGER:
         del os.environ["TRITON_CACHE_MANAGER"]
     # Otherwise processes started after uninstall() would still autoload kcache from KCACHE_URL.

@@ -3,14 +3,19 @@
 We wrap the class's own methods (``begin_compile``, ``put``, ``put_winner`` where it exists,
 ``collect``, ``read_and_emit``) and call the originals: no torch code is copied. Features are
 detected, not versions compared: the bundle is a ``TritonBundle`` with ``kernel_artifacts`` (torch
-≥ 2.7) or a plain ``list[TritonKernelArtifacts]`` (before). Anything unexpected logs one warning
-and falls back to Inductor's own behaviour.
+≥ 2.7) or a plain ``list[TritonKernelArtifacts]`` (before).
+
+Every wrapper has the same shape: torch's original runs unguarded (its exceptions are torch's),
+kcache's part runs inside :func:`kcache.failopen.guard`; a bundle of a shape we do not know goes
+to the original whole. The runtime is looked up on every call, so ``kcache.install()`` with other
+options, ``uninstall()`` and a later ``install()`` take effect here as everywhere else.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -18,18 +23,16 @@ from typing import Any
 
 from kcache_schemas.pack import manifest_for_files
 
+from kcache import patching
 from kcache.emitter import looks_emitted
-from kcache.runtime import Runtime
+from kcache.failopen import guard, warn_once
+from kcache.runtime import Runtime, get_runtime
 
-_originals: dict[str, Any] = {}
+PATCHES = "bundler"
 _WRAPPED = ("begin_compile", "put", "put_winner", "collect", "read_and_emit")
+_REQUIRED = ("begin_compile", "put", "collect", "read_and_emit")
 _EMIT_THREADS = 8
-
-
-def _bundler_class() -> Any:
-    from torch._inductor.triton_bundler import TritonBundler
-
-    return TritonBundler
+_compile_started = threading.local()  # per compiling thread: when begin_compile ran
 
 
 def _kernel_artifacts(bundle: Any) -> list[Any]:
@@ -46,118 +49,124 @@ def _with_kernels(bundle: Any, kernels: list[Any]) -> Any:
     return kernels
 
 
-def install_bundler_hooks(rt: Runtime) -> bool:
-    if _originals:
+def install_bundler_hooks() -> bool:
+    """Wrap TritonBundler's methods (once); False, with one warning, where its shape is unknown."""
+    if patching.is_patched(PATCHES):
         return True
-    cls = _bundler_class()
     from torch._inductor import triton_bundler as tb_module
 
+    cls = tb_module.TritonBundler
     originals = {name: cls.__dict__[name] for name in _WRAPPED if name in cls.__dict__}
-    for required in ("begin_compile", "put", "collect", "read_and_emit"):
-        if required not in originals:
-            rt.warn_once(f"TritonBundler has no {required}; bundler hooks not installed")
-            return False
-    compile_started: list[float] = []
+    missing = [name for name in _REQUIRED if name not in originals]
+    unknown = [n for n, f in originals.items() if not isinstance(f, (classmethod, staticmethod))]
+    if missing or unknown:
+        warn_once(f"this torch's TritonBundler lacks {missing} or has unknown kinds of {unknown}; Inductor bundles are left to Inductor")
+        return False
 
     def call(name: str, *args: Any) -> Any:
-        return originals[name].__func__(cls, *args) if isinstance(originals[name], classmethod) else originals[name].__func__(*args)
+        original = originals[name]
+        return original.__func__(cls, *args) if isinstance(original, classmethod) else original.__func__(*args)
 
     def begin_compile(klass: type) -> None:
         call("begin_compile")
-        compile_started[:] = [time.perf_counter()]
+        _compile_started.t = time.perf_counter()
 
     def put(klass: type, kernel_hash: str, device: int) -> None:
         call("put", kernel_hash, device)
-        try:
-            rt.note_kernel(kernel_hash)
-        except Exception as exc:
-            rt.warn_once("TritonBundler.put hook failed", exc)
+        with guard("TritonBundler.put hook failed"):
+            if (rt := get_runtime()) is not None:
+                rt.note_kernel(kernel_hash)
 
     def put_winner(klass: type, kernel_hash: str) -> None:
         call("put_winner", kernel_hash)
-        try:
-            rt.note_kernel(kernel_hash)
-        except Exception as exc:
-            rt.warn_once("TritonBundler.put_winner hook failed", exc)
+        with guard("TritonBundler.put_winner hook failed"):
+            if (rt := get_runtime()) is not None:
+                rt.note_kernel(kernel_hash)
 
     def collect(klass: type) -> Any:
         result = call("collect")
-        try:
-            bundle = result[0]
-            elapsed = time.perf_counter() - compile_started[0] if compile_started else None
-            kernels = _kernel_artifacts(bundle)
-            for ka in kernels:
-                files = {a.filename: a.payload for a in ka.artifacts}
-                # The graph's compile time is shared by its kernels: credit each a fair share.
-                share = elapsed / len(kernels) if elapsed is not None else None
-                rt.upload_kernel(ka.kernel_hash, files, share)
-        except Exception as exc:
-            rt.warn_once("TritonBundler.collect hook failed", exc)
+        with guard("TritonBundler.collect hook failed; this graph's kernels are not uploaded"):
+            if (rt := get_runtime()) is not None:
+                _upload_collected(rt, result[0], getattr(_compile_started, "t", None))
         return result
 
     def read_and_emit(bundle: Any) -> Any:
-        if not cls.is_enabled():
+        prepared: tuple[Any, list[str]] | None = None
+        rt = get_runtime()
+        if rt is not None:
+            with guard("TritonBundler.read_and_emit hook failed; Inductor emits this bundle itself"):
+                if cls.is_enabled():
+                    prepared = _emit_through_kcache(rt, tb_module, bundle)
+        if prepared is None:
             return call("read_and_emit", bundle)
-        try:
-            kernels = _kernel_artifacts(bundle)
-        except TypeError as exc:
-            rt.warn_once("TritonBundler.read_and_emit hook disabled", exc)
-            return call("read_and_emit", bundle)
-        from torch._dynamo.utils import counters
-        from torch._inductor.utils import GPU_KERNEL_BIN_EXTS
-
-        t0 = time.perf_counter()
-        bin_exts = set(GPU_KERNEL_BIN_EXTS.values())
-        names: list[str] = []
-        fallback: list[Any] = []
-
-        def emit(ka: Any) -> Exception | None:
-            try:
-                files = {a.filename: a.payload for a in ka.artifacts}
-                cache_dir = Path(tb_module.triton_cache_dir(ka.device))  # type: ignore[attr-defined]
-                if looks_emitted(cache_dir, ka.kernel_hash, files):  # a warm node: nothing to write
-                    rt.note_kernel(ka.kernel_hash)
-                    return None
-                rt.emit_local(cache_dir, manifest_for_files(ka.kernel_hash, files), files)
-                return None
-            except Exception as exc:
-                return exc
-
-        # A max-autotune graph carries ~135 kernel dirs (every benchmarked candidate): written one
-        # by one they took 0.4 s of an H100 warm start. The work is mostly mkdir/write/rename
-        # system calls, which release the GIL, so a few threads overlap them.
-        threads = min(_EMIT_THREADS, os.cpu_count() or 1, len(kernels))
-        if threads > 1:
-            with ThreadPoolExecutor(threads, thread_name_prefix="kcache-emit") as pool:
-                errors = list(pool.map(emit, kernels))
-        else:
-            errors = [emit(ka) for ka in kernels]
-        for ka, error in zip(kernels, errors, strict=True):
-            if error is None:
-                counters["inductor"]["triton_bundler_read_and_emit_kernel"] += len(ka.artifacts)
-                names += [Path(a.filename).stem for a in ka.artifacts if Path(a.filename).suffix in bin_exts]
-            else:
-                rt.warn_once(f"could not emit kernel {ka.kernel_hash} through kcache", error)
-                fallback.append(ka)
-        rt.bundle_emit_s += time.perf_counter() - t0
-        metadata = call("read_and_emit", _with_kernels(bundle, fallback))
-        if metadata is not None and hasattr(metadata, "cached_kernel_names"):
-            metadata = dataclasses.replace(metadata, cached_kernel_names=names + list(metadata.cached_kernel_names))
+        rest, names = prepared
+        metadata = call("read_and_emit", rest)
+        with guard("TritonBundler.read_and_emit could not report kcache's kernels to Inductor"):
+            if metadata is not None and hasattr(metadata, "cached_kernel_names") and names:
+                metadata = dataclasses.replace(metadata, cached_kernel_names=names + list(metadata.cached_kernel_names))
         return metadata
 
     wrappers = {"begin_compile": begin_compile, "put": put, "put_winner": put_winner, "collect": collect}
     for name, fn in wrappers.items():
         if name in originals:
-            setattr(cls, name, classmethod(fn))  # type: ignore[arg-type]
-    cls.read_and_emit = staticmethod(read_and_emit)
-    _originals.update(originals)
+            patching.patch(PATCHES, cls, name, classmethod(fn))  # type: ignore[arg-type]
+    patching.patch(PATCHES, cls, "read_and_emit", staticmethod(read_and_emit))
     return True
 
 
+def _upload_collected(rt: Runtime, bundle: Any, started: float | None) -> None:
+    elapsed = time.perf_counter() - started if started is not None else None
+    kernels = _kernel_artifacts(bundle)
+    for ka in kernels:
+        files = {a.filename: a.payload for a in ka.artifacts}
+        # The graph's compile time is shared by its kernels: credit each a fair share.
+        share = elapsed / len(kernels) if elapsed is not None else None
+        rt.upload_kernel(ka.kernel_hash, files, share)
+
+
+def _emit_through_kcache(rt: Runtime, tb_module: Any, bundle: Any) -> tuple[Any, list[str]]:
+    """Emit a bundle's kernel dirs with kcache's verified emitter; returns what is left for
+    Inductor's own ``read_and_emit`` (kernels we could not emit) and the names we emitted."""
+    kernels = _kernel_artifacts(bundle)
+    from torch._dynamo.utils import counters
+    from torch._inductor.utils import GPU_KERNEL_BIN_EXTS
+
+    t0 = time.perf_counter()
+    bin_exts = set(GPU_KERNEL_BIN_EXTS.values())
+    names: list[str] = []
+    fallback: list[Any] = []
+
+    def emit(ka: Any) -> Exception | None:
+        try:
+            files = {a.filename: a.payload for a in ka.artifacts}
+            cache_dir = Path(tb_module.triton_cache_dir(ka.device))
+            if looks_emitted(cache_dir, ka.kernel_hash, files):  # a warm node: nothing to write
+                rt.note_kernel(ka.kernel_hash)
+                return None
+            rt.emit_local(cache_dir, manifest_for_files(ka.kernel_hash, files), files)
+            return None
+        except Exception as exc:
+            return exc
+
+    # A max-autotune graph carries ~135 kernel dirs (every benchmarked candidate): written one
+    # by one they took 0.4 s of an H100 warm start. The work is mostly mkdir/write/rename
+    # system calls, which release the GIL, so a few threads overlap them.
+    threads = min(_EMIT_THREADS, os.cpu_count() or 1, len(kernels))
+    if threads > 1:
+        with ThreadPoolExecutor(threads, thread_name_prefix="kcache-emit") as pool:
+            errors = list(pool.map(emit, kernels))
+    else:
+        errors = [emit(ka) for ka in kernels]
+    for ka, error in zip(kernels, errors, strict=True):
+        if error is None:
+            counters["inductor"]["triton_bundler_read_and_emit_kernel"] += len(ka.artifacts)
+            names += [Path(a.filename).stem for a in ka.artifacts if Path(a.filename).suffix in bin_exts]
+        else:
+            warn_once(f"could not emit kernel {ka.kernel_hash} through kcache", error)
+            fallback.append(ka)
+    rt.bundle_emit_s += time.perf_counter() - t0
+    return _with_kernels(bundle, fallback), names
+
+
 def uninstall_bundler_hooks() -> None:
-    if not _originals:
-        return
-    cls = _bundler_class()
-    for name, original in _originals.items():
-        setattr(cls, name, original)
-    _originals.clear()
+    patching.restore(PATCHES)

@@ -22,8 +22,11 @@ import contextvars
 import os
 from typing import Any
 
+from kcache import patching
+from kcache.failopen import guard
+
+PATCHES = "coordesc-reuse"
 _seen: contextvars.ContextVar[list[Any] | None] = contextvars.ContextVar("kcache_coordesc_seen", default=None)
-_originals: dict[str, Any] = {}
 
 
 def enabled() -> bool:
@@ -54,8 +57,8 @@ def _mark_cached_winner(autotuner: Any, best: Any, reload_kernel_from_src: Any) 
 
 def install() -> bool:
     """Wrap Inductor's recheck; False (and nothing changed) where this torch lacks the pieces."""
-    if _originals or not enabled():
-        return bool(_originals)
+    if patching.is_patched(PATCHES) or not enabled():
+        return patching.is_patched(PATCHES)
     from torch._inductor.runtime import triton_heuristics as th
 
     autotuner_cls: Any = getattr(th, "CachingAutotuner", None)
@@ -66,35 +69,31 @@ def install() -> bool:
 
     def check_autotune_cache(*args: Any, **kwargs: Any) -> Any:
         result = check(*args, **kwargs)
-        seen = _seen.get()
-        if seen is not None:
-            seen.append(result[0])
+        with guard("coordinate-descent reuse could not read the autotune cache's answer"):
+            seen = _seen.get()
+            if seen is not None:
+                seen.append(result[0])
         return result
 
-    def recheck_autotune_cache(self: Any, reload_kernel_from_src: Any) -> None:
+    def recheck_autotune_cache(self: Any, *args: Any, **kwargs: Any) -> None:
         seen: list[Any] = []
         token = _seen.set(seen)
         try:
-            recheck(self, reload_kernel_from_src)
+            recheck(self, *args, **kwargs)
         finally:
             _seen.reset(token)
-        if not seen or not self.inductor_meta.get("coordinate_descent_tuning"):
-            return
-        cached = seen[-1]  # [best] on an autotune cache hit, else the configs it was given
-        if len(cached) == 1 and getattr(cached[0], "found_by_coordesc", False):
-            _mark_cached_winner(self, cached[0], reload_kernel_from_src)
+        with guard("coordinate-descent reuse failed; Inductor tunes this kernel as usual"):
+            reload_kernel_from_src = args[0] if args else kwargs.get("reload_kernel_from_src")
+            if not seen or not self.inductor_meta.get("coordinate_descent_tuning"):
+                return
+            cached = seen[-1]  # [best] on an autotune cache hit, else the configs it was given
+            if len(cached) == 1 and getattr(cached[0], "found_by_coordesc", False):
+                _mark_cached_winner(self, cached[0], reload_kernel_from_src)
 
-    _originals.update(recheck=recheck, check=check)
-    th.check_autotune_cache = check_autotune_cache
-    autotuner_cls.recheck_autotune_cache = recheck_autotune_cache
+    patching.patch(PATCHES, th, "check_autotune_cache", check_autotune_cache)
+    patching.patch(PATCHES, autotuner_cls, "recheck_autotune_cache", recheck_autotune_cache)
     return True
 
 
 def uninstall() -> None:
-    if not _originals:
-        return
-    from torch._inductor.runtime import triton_heuristics as th
-
-    th.check_autotune_cache = _originals["check"]
-    th.CachingAutotuner.recheck_autotune_cache = _originals["recheck"]  # type: ignore[method-assign]
-    _originals.clear()
+    patching.restore(PATCHES)

@@ -18,17 +18,21 @@ from __future__ import annotations
 
 import base64
 import binascii
+import inspect
 import json
 import logging
 import pickle
+import re
 from collections.abc import Generator
 from typing import Any
+
+from kcache import patching
+from kcache.failopen import guard, warn_once
 
 log = logging.getLogger("kcache.fx_graph_entries")
 
 MAGIC = b"KCFXG1\n"
 _HEADER_LEN = 4
-_originals: dict[str, Any] = {}
 
 
 def encode(inductor_json: bytes) -> bytes | None:
@@ -80,41 +84,68 @@ def pickled_graph(stored: bytes) -> bytes:
     return base64.b64decode(entry["data"])
 
 
+PATCHES = "fx-fast-reads"
+_PARAMETERS = ["local", "remote_cache", "key"]
+
+
+def candidate_arity(iterate: Any) -> int | None:
+    """How many values ``iterate_over_candidates`` yields per candidate, read from its signature
+    (``Generator[tuple[T, bytes, bool], None, None]`` on torch 2.13: 3), or None when its
+    parameters or annotation are not a shape we know. Feature detection, not version checks."""
+    try:
+        sig = inspect.signature(iterate)
+    except (TypeError, ValueError):
+        return None
+    parameters = list(sig.parameters)
+    if parameters[:1] == ["cls"]:  # the plain function rather than the bound classmethod
+        parameters = parameters[1:]
+    if parameters != _PARAMETERS:
+        return None
+    annotation = sig.return_annotation
+    text = annotation if isinstance(annotation, str) else repr(annotation)
+    match = re.search(r"[Tt]uple\[(.*?)\]", text)
+    if match is None:
+        return None
+    parts = [p.strip() for p in match.group(1).split(",")]
+    shapes = {("T", "bytes", "bool"): 3, ("T", "bytes"): 2}
+    return shapes.get(tuple(parts[:1] + [p.split(".")[-1] for p in parts[1:]]))
+
+
 def install_fast_reads(is_kcache_backend: Any) -> bool:
     """Wrap ``FxGraphCache.iterate_over_candidates``: when the remote cache is kcache's, read
-    its entry as a raw pickle. False (nothing changed) where this torch lacks the method."""
-    if _originals:
+    its entry as a raw pickle. False (nothing changed, one warning) where this torch lacks the
+    method or it has a shape we do not know: Inductor's JSON path then reads every entry."""
+    if patching.is_patched(PATCHES):
         return True
     from torch._inductor.codecache import FxGraphCache
 
     original = getattr(FxGraphCache, "iterate_over_candidates", None)
-    if original is None:
+    arity = candidate_arity(original) if original is not None else None
+    if original is None or arity is None or not hasattr(original, "__func__"):
+        warn_once("this torch's FxGraphCache.iterate_over_candidates has a shape kcache does not know; FX-graph entries are read through Inductor's JSON")
         return False
-    had_own = "iterate_over_candidates" in FxGraphCache.__dict__  # else inherited from GuardedCache
+    iterate = original.__func__
 
-    def iterate_over_candidates(cls: Any, local: bool, remote_cache: Any, key: str) -> Generator[tuple[Any, bytes, bool], None, None]:
+    def iterate_over_candidates(cls: Any, local: bool, remote_cache: Any, key: str) -> Generator[tuple[Any, ...], None, None]:
         backend: Any = getattr(remote_cache, "backend", None)
         if remote_cache is None or not is_kcache_backend(backend):
-            yield from original.__func__(cls, local, remote_cache, key)
+            yield from iterate(cls, local, remote_cache, key)
             return
-        yield from original.__func__(cls, local, None, key)  # local candidates, as Inductor reads them
+        yield from iterate(cls, local, None, key)  # local candidates, as Inductor reads them
+        candidate: tuple[Any, ...] | None = None
         # Inductor logs and skips a remote entry it cannot load; so do we.
-        try:
+        with guard("could not load an FX-graph entry from kcache; Inductor compiles it"):
             # RemoteCache.get formats the key (``pt2:fx-graph-v1::<key>:c1``) before its backend sees it.
             get_key = getattr(remote_cache, "_get_key", None)
             stored = backend.get_stored(get_key(key) if get_key is not None else key)
             _count_inductor_get(remote_cache, stored)
-            if stored is None:
-                return
-            content = pickled_graph(stored)
-            graph = pickle.loads(content)
-        except Exception:
-            log.warning("kcache: could not load FX-graph entry %s", key, exc_info=True)
-            return
-        yield graph, content, False
+            if stored is not None:
+                content = pickled_graph(stored)
+                candidate = (pickle.loads(content), content, False)[:arity]
+        if candidate is not None:
+            yield candidate
 
-    _originals["iterate_over_candidates"] = FxGraphCache.__dict__["iterate_over_candidates"] if had_own else None
-    FxGraphCache.iterate_over_candidates = classmethod(iterate_over_candidates)  # type: ignore[assignment, method-assign]
+    patching.patch(PATCHES, FxGraphCache, "iterate_over_candidates", classmethod(iterate_over_candidates))
     return True
 
 
@@ -129,12 +160,4 @@ def _count_inductor_get(remote_cache: Any, stored: bytes | None) -> None:
 
 
 def uninstall_fast_reads() -> None:
-    if not _originals:
-        return
-    from torch._inductor.codecache import FxGraphCache
-
-    own = _originals.pop("iterate_over_candidates")
-    if own is None:
-        del FxGraphCache.iterate_over_candidates
-    else:
-        FxGraphCache.iterate_over_candidates = own  # type: ignore[method-assign]
+    patching.restore(PATCHES)

@@ -23,9 +23,10 @@ from typing import Any
 
 from kcache_schemas import InvalidKeyError, normalize_entry_key
 
-from kcache import fx_graph_entries
-from kcache.after_import import call_after_import
-from kcache.runtime import Runtime, get_runtime
+from kcache import fx_graph_entries, patching
+from kcache.after_import import call_after_import, imported
+from kcache.failopen import guard, warn_once
+from kcache.runtime import get_runtime
 
 log = logging.getLogger("kcache.remote_cache")
 
@@ -58,8 +59,8 @@ PREDICATES = {
         ("torch._functorch._aot_autograd.graph_compile", "torch._functorch.aot_autograd"),
     )
 }
-_installed: dict[str, tuple[Any, Any]] = {}  # layer -> (previous override, previous switch)
-_predicates: dict[str, tuple[Any, Any]] = {}  # layer -> (module, original predicate)
+PATCHES = "remote-caches"
+_served: set[str] = set()  # layers installed now (a predicate module may load later)
 
 
 def service_key(key: str) -> str:
@@ -105,50 +106,37 @@ def backend_class() -> type:
 
         def get_stored(self, key: str) -> bytes | None:
             """The entry as stored (for FX graphs usually the raw-pickle envelope)."""
-            rt = get_runtime()
-            if rt is None:
-                return None
-            try:
-                return rt.get_entry(self.layer, service_key(key))
-            except Exception as exc:
-                rt.warn_once(f"{self.layer} lookup failed", exc)
-                return None
+            with guard(f"{self.layer} lookup failed"):
+                rt = get_runtime()
+                return None if rt is None else rt.get_entry(self.layer, service_key(key))
+            return None
 
         def _get(self, key: str) -> bytes | None:
             stored = self.get_stored(key)
             if stored is None:
                 return None
-            try:
+            with guard(f"{self.layer} entry unreadable"):
                 return fx_graph_entries.inductor_json(stored)
-            except ValueError as exc:
-                rt = get_runtime()
-                if rt is not None:
-                    rt.warn_once(f"{self.layer} entry unreadable", exc)
-                return None
+            return None
 
         def _put(self, key: str, data: bytes) -> None:
-            rt = get_runtime()
-            if rt is None:
-                return
-            try:
+            with guard(f"{self.layer} store failed"):
+                rt = get_runtime()
+                if rt is None:
+                    return
                 compile_time = _compile_time_s(data)
                 if self.layer == FX_GRAPH:
                     data = fx_graph_entries.encode(data) or data
                 rt.put_entry(self.layer, service_key(key), data, compile_time)
-            except Exception as exc:
-                rt.warn_once(f"{self.layer} store failed", exc)
 
     return KcacheRemoteCacheBackend
 
 
 def _install_fast_reads() -> None:
-    rt = get_runtime()
-    try:
-        if not fx_graph_entries.install_fast_reads(lambda backend: isinstance(backend, backend_class())) and rt is not None:
-            rt.warn_once("this torch has no FxGraphCache.iterate_over_candidates; FX graphs are read through JSON")
-    except Exception as exc:
-        if rt is not None:
-            rt.warn_once("could not hook FxGraphCache.iterate_over_candidates", exc)
+    if FX_GRAPH not in _served:
+        return  # uninstalled since this backend was built
+    with guard("could not hook FxGraphCache.iterate_over_candidates; FX graphs are read through JSON"):
+        fx_graph_entries.install_fast_reads(lambda backend: isinstance(backend, backend_class()))
 
 
 def selected_layers() -> list[str]:
@@ -161,18 +149,20 @@ def selected_layers() -> list[str]:
 
 
 def _gpu_visible() -> bool:
+    """Asked on the installing thread (the main thread, inside or after torch's import)."""
+    torch = imported("torch") or sys.modules.get("torch")
     try:
-        import torch
-
-        return bool(torch.cuda.is_available())
+        return bool(torch is not None and torch.cuda.is_available())
     except Exception:
         return False
 
 
-def install_remote_caches(rt: Runtime, layers: list[str] | None = None) -> list[str]:
+def install_remote_caches(layers: list[str] | None = None) -> list[str]:
+    """Serve each selected layer whose class and switch this torch has; returns those served."""
+    if patching.is_patched(PATCHES):
+        return sorted(_served)
     remote_cache = importlib.import_module("torch._inductor.remote_cache")
     backend = backend_class()
-    done = []
     gpu = _gpu_visible()
     for layer in layers if layers is not None else selected_layers():
         if layer in GPU_ONLY and not gpu:
@@ -183,39 +173,38 @@ def install_remote_caches(rt: Runtime, layers: list[str] | None = None) -> list[
             config = importlib.import_module(config_module)
         except ImportError:
             config = None
-        if cls is None or config is None or not hasattr(config, switch):
-            rt.warn_once(f"this torch has no {cls_name}/{switch}; layer {layer} not served")
+        if cls is None or config is None or not hasattr(config, switch) or not hasattr(cls, "backend_override_cls"):
+            warn_once(f"this torch has no {cls_name}.backend_override_cls/{switch}; layer {layer} not served")
             continue
         previous = getattr(config, switch)
-        _installed[layer] = (cls.__dict__.get("backend_override_cls"), previous)
-        cls.backend_override_cls = functools.partial(backend, layer)
+        patching.patch(PATCHES, cls, "backend_override_cls", functools.partial(backend, layer))
+        _served.add(layer)
         # Unset: kcache turns the layer on; an explicit choice (True or False) stands.
         if layer in PREDICATES:
             call_after_import(PREDICATES[layer][0], functools.partial(_wrap_predicate, layer))
         elif previous is None and layer not in OPT_IN:
-            setattr(config, switch, True)
-        done.append(layer)
-    return done
+            patching.patch(PATCHES, config, switch, True)
+    return sorted(_served)
 
 
 def _wrap_predicate(layer: str, module: Any) -> None:
-    _, name, importers = PREDICATES[layer]
-    original = module.__dict__.get(name)
-    if layer not in _installed or layer in _predicates or original is None:
-        return  # uninstalled before the module loaded, already wrapped, or a torch without it
-    config_module, switch = LAYERS[layer][1]
-    config = importlib.import_module(config_module)
+    with guard(f"could not answer the {layer} layer's remote-cache predicate; that layer is not served"):
+        _, name, importers = PREDICATES[layer]
+        original = module.__dict__.get(name)
+        if layer not in _served or getattr(original, "__wrapped__", None) is not None or not callable(original):
+            return  # uninstalled before the module loaded, already wrapped, or a torch without it
+        config = importlib.import_module(LAYERS[layer][1][0])
+        switch = LAYERS[layer][1][1]
 
-    def predicate() -> bool:
-        return True if getattr(config, switch) is None else bool(original())
+        def predicate(*args: Any, **kwargs: Any) -> bool:
+            return True if getattr(config, switch, False) is None else bool(original(*args, **kwargs))
 
-    predicate.__wrapped__ = original  # type: ignore[attr-defined]
-    _predicates[layer] = (module, original)
-    setattr(module, name, predicate)
-    # Modules that imported the name before we got here hold the original: point them at ours.
-    for other in _importers(importers):
-        if other.__dict__.get(name) is original:
-            setattr(other, name, predicate)
+        predicate.__wrapped__ = original  # type: ignore[attr-defined]
+        patching.patch(PATCHES, module, name, predicate)
+        # Modules that imported the name before we got here hold the original: point them at ours.
+        for other in _importers(importers):
+            if other.__dict__.get(name) is original:
+                patching.patch(PATCHES, other, name, predicate)
 
 
 def _importers(names: tuple[str, ...]) -> list[Any]:
@@ -223,21 +212,6 @@ def _importers(names: tuple[str, ...]) -> list[Any]:
 
 
 def uninstall_remote_caches() -> None:
-    remote_cache = importlib.import_module("torch._inductor.remote_cache")
-    for layer, (override, switch_value) in _installed.items():
-        cls_name, (config_module, switch) = LAYERS[layer]
-        cls = getattr(remote_cache, cls_name)
-        if override is None:
-            cls.backend_override_cls = None
-        else:
-            cls.backend_override_cls = override
-        setattr(importlib.import_module(config_module), switch, switch_value)
-    _installed.clear()
-    for layer, (module, original) in _predicates.items():
-        _, name, importers = PREDICATES[layer]
-        wrapper = module.__dict__.get(name)
-        for other in [module, *_importers(importers)]:
-            if other.__dict__.get(name) is wrapper:
-                setattr(other, name, original)
-    _predicates.clear()
+    _served.clear()
+    patching.restore(PATCHES)
     fx_graph_entries.uninstall_fast_reads()

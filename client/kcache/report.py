@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from xml.etree import ElementTree as ET
 
 from kcache import __version__
+from kcache.failopen import warn_once
 from kcache.stats import load_stats, totals, write_stats
 
 if TYPE_CHECKING:
@@ -280,7 +281,7 @@ def at_exit(rt: Runtime) -> None:
     try:
         doc = rt.stats.document(run_id=cfg.run_id, workload=cfg.workload, namespace=cfg.namespace)
     except Exception as exc:
-        rt.warn_once("could not collect stats at exit", exc)
+        warn_once("could not collect stats at exit", exc)
         return
     if not doc["layers"]:
         # A process that did no cache work (an idle compile worker, a runtime replaced before
@@ -290,7 +291,7 @@ def at_exit(rt: Runtime) -> None:
         try:
             write_stats(cfg.stats_file, doc)
         except Exception as exc:
-            rt.warn_once(f"could not write stats to {cfg.stats_file}", exc)
+            warn_once(f"could not write stats to {cfg.stats_file}", exc)
     if cfg.report:
         with contextlib.suppress(Exception):  # stderr closed at exit: nothing to tell
             print(summary_line(doc), file=sys.stderr, flush=True)
@@ -298,7 +299,7 @@ def at_exit(rt: Runtime) -> None:
         try:
             send_run_stats(rt, doc)
         except Exception as exc:
-            rt.warn_once(f"could not send stats for run {cfg.run_id}", exc)
+            warn_once(f"could not send stats for run {cfg.run_id}", exc)
 
 
 def run_report(doc: dict[str, Any], report_id: str | None = None) -> dict[str, Any]:
@@ -323,7 +324,7 @@ def send_run_stats(rt: Runtime, doc: dict[str, Any]) -> bool:
     if not cfg.run_id or not cfg.url:
         return False
     if rt.client is not None and rt.client.breaker.state == "open":
-        rt.warn_once(f"service unreachable; stats for run {cfg.run_id} not sent")
+        warn_once(f"service unreachable; stats for run {cfg.run_id} not sent")
         return False
     short = replace(
         cfg, connect_timeout_s=min(cfg.connect_timeout_s, 0.5), read_timeout_s=min(cfg.read_timeout_s, SEND_TIMEOUT_S),

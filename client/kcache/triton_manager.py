@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from triton.runtime.cache import FileCacheManager
 
 from kcache._process import in_inductor_compile_worker
+from kcache.failopen import warn_once
 
 if TYPE_CHECKING:
     from kcache.runtime import Runtime
@@ -77,7 +78,7 @@ class KcacheCacheManager(FileCacheManager):  # type: ignore[misc]
         try:
             data = rt.get_entry(HOST_MODULE_LAYER, host_module_key(self.key, filename))
         except Exception as exc:
-            rt.warn_once("host module fetch failed", exc)
+            warn_once("host module fetch failed", exc)
             data = None
         if data is None:
             self._build_started[filename] = time.perf_counter()  # Triton builds it next, then put()s it
@@ -94,7 +95,7 @@ class KcacheCacheManager(FileCacheManager):  # type: ignore[misc]
                 try:
                     rt.put_entry(HOST_MODULE_LAYER, host_module_key(self.key, filename), data, build_s, now=in_inductor_compile_worker())
                 except Exception as exc:
-                    rt.warn_once("host module upload failed", exc)
+                    warn_once("host module upload failed", exc)
         return path
 
     def get_group(self, filename: str) -> dict[str, str] | None:
@@ -109,7 +110,7 @@ class KcacheCacheManager(FileCacheManager):  # type: ignore[misc]
         try:
             outcome = rt.fetch_kernel(self.key, Path(self.cache_dir).parent)
         except Exception as exc:
-            rt.warn_once("kernel fetch failed", exc)
+            warn_once("kernel fetch failed", exc)
             return None
         if outcome in (EmitOutcome.EMITTED, EmitOutcome.EXISTING, EmitOutcome.REPAIRED):
             return super().get_group(filename)  # type: ignore[no-any-return]
@@ -126,5 +127,5 @@ class KcacheCacheManager(FileCacheManager):  # type: ignore[misc]
                     # parallel). Elsewhere in the background, off the compile path.
                     rt.upload_kernel_dir(self.key, Path(self.cache_dir), now=in_inductor_compile_worker())
                 except Exception as exc:
-                    rt.warn_once("kernel upload failed", exc)
+                    warn_once("kernel upload failed", exc)
         return path
