@@ -27,8 +27,11 @@ if os.environ.get("KCACHE_WORKLOAD") and os.environ.get("PROBE_PREFETCH") == "1"
     rt = get_runtime()
     assert rt is not None and rt.prefetcher is not None
     rt.prefetcher.done.wait(60)
+    view = rt.prefetcher.view
+    promised = view.kernels if view is not None else []
+    report["prefetched_kernels"] = sorted(k for k in promised if rt.local.get("kernel", k) is not None)
     cache = Path(os.environ["TRITON_CACHE_DIR"])
-    report["prefetched_dirs"] = sorted(p.name for p in cache.iterdir()) if cache.exists() else []
+    report["triton_dirs_before_compile"] = sorted(p.name for p in cache.iterdir()) if cache.exists() else []
     report["prefetch_counts"] = rt.prefetcher.counts
     report["prefetch_done_at_s"] = time.perf_counter() - T0
 

@@ -188,3 +188,109 @@ def test_a_warm_node_keeps_its_kernel_dirs_and_a_truncated_one_is_repaired(real_
         kept = os.stat(node / d.name).st_ino == before[d.name]
         assert kept == (d != victim), d.name  # whole dirs left alone; the short one replaced
     assert any(p.name.startswith("quarantine.") for p in node.iterdir())
+
+
+# ---- install, reinstall, uninstall: one way to the runtime ---------------------------------------
+
+
+def _kernels_in(url: str, namespace: str, keys: list[str]) -> list[str]:
+    client = KcacheClient(ClientConfig(url=url, namespace=namespace))
+    try:
+        return sorted(set(keys) - set(client.missing(keys)))
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("first", ["install", "autoload"])
+def test_a_second_install_with_other_options_is_the_one_the_bundler_hooks_use(
+    first: str, live_service, real_kernel_dirs, monkeypatch
+) -> None:
+    """Before the fix the bundler hooks kept the first runtime: kernels collected after
+    ``install(namespace="b")`` were uploaded to ``a`` by the old, closed runtime."""
+    keys = [d.name for d in real_kernel_dirs]
+    if first == "autoload":  # what the .pth does: install() from the environment alone
+        monkeypatch.setenv("KCACHE_URL", live_service.url)
+        monkeypatch.setenv("KCACHE_NAMESPACE", "a")
+        assert kcache.install()
+    else:
+        assert kcache.install(url=live_service.url, namespace="a")
+    try:
+        assert kcache.install(url=live_service.url, namespace="b")
+        _collect(real_kernel_dirs, monkeypatch)
+        rt = get_runtime()
+        assert rt is not None and rt.config.namespace == "b"
+        assert rt.uploader is not None and rt.uploader.flush(10)
+    finally:
+        kcache.uninstall()
+    assert _kernels_in(live_service.url, "b", keys) == sorted(keys)
+    assert _kernels_in(live_service.url, "a", keys) == []
+
+
+def test_uninstall_then_install_hooks_once_and_uses_the_new_runtime(live_service, real_kernel_dirs, monkeypatch) -> None:
+    originals = {n: TritonBundler.__dict__[n] for n in ("begin_compile", "put", "collect", "read_and_emit")}
+    keys = [d.name for d in real_kernel_dirs]
+    assert kcache.install(url=live_service.url, namespace="first")
+    kcache.uninstall()
+    assert all(TritonBundler.__dict__[n] is originals[n] for n in originals)
+    _collect(real_kernel_dirs, monkeypatch)  # not installed: nothing of kcache runs
+    assert get_runtime() is None
+    assert kcache.install(url=live_service.url, namespace="second")
+    assert kcache.install(url=live_service.url, namespace="second")  # the same again: no-op
+    try:
+        assert TritonBundler.__dict__["collect"] is not originals["collect"]
+        _collect(real_kernel_dirs, monkeypatch)
+        rt = get_runtime()
+        assert rt is not None and rt.uploader is not None and rt.uploader.flush(10)
+        assert rt.stats.snapshot()["kernel"]["puts"] == len(keys)  # hooked once: one upload each
+    finally:
+        kcache.uninstall()
+    assert all(TritonBundler.__dict__[n] is originals[n] for n in originals)
+    assert _kernels_in(live_service.url, "second", keys) == sorted(keys)
+    assert _kernels_in(live_service.url, "first", keys) == []
+
+
+# ---- exit right after a compile ---------------------------------------------------------------------
+
+_COLLECT_AND_EXIT = textwrap.dedent(
+    """
+    import json, sys
+    import kcache
+    from bench.corpus import compile_small
+    from torch._inductor import config
+    from torch._inductor.runtime.runtime_utils import triton_cache_dir
+    from torch._inductor.triton_bundler import TritonBundler
+    assert kcache.install(url=sys.argv[1])
+    # Real kernels in Inductor's default dir under TMPDIR (no TRITON_CACHE_DIR), as a compile leaves them.
+    dirs = compile_small(triton_cache_dir(0), count=3)
+    with config.patch(bundle_triton_into_fx_graph_cache=True):
+        TritonBundler.begin_compile()
+        for d in dirs:
+            TritonBundler.put(d.name, 0)
+        TritonBundler.collect()
+    if sys.argv[2] == "uninstall":
+        kcache.uninstall()
+    print("KEYS " + json.dumps([d.name for d in dirs]))
+    """
+)
+
+
+@pytest.mark.parametrize("ending", ["exit", "uninstall"])
+def test_a_job_that_exits_right_after_collect_still_uploads(ending: str, live_service, tmp_path: Path) -> None:
+    """Before the fix, exit waited for uploads only if the service had already answered this
+    process: a job whose first contact was its own upload lost every kernel."""
+    import json
+    import os
+
+    from live import REPO
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KCACHE_", "TRITON_", "TORCHINDUCTOR_"))}
+    # KCACHE_TRITON_MANAGER=0: the kernels' own compile asks nothing of the service, so the
+    # uploads are this process's first contact with it.
+    env.update(KCACHE_AUTOLOAD="0", KCACHE_TRITON_MANAGER="0", HOME=str(tmp_path / "home"), TMPDIR=str(tmp_path), PYTHONPATH=os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]))
+    out = subprocess.run(
+        [sys.executable, "-c", _COLLECT_AND_EXIT, live_service.url, ending], env=env, capture_output=True, text=True, timeout=120,
+    )
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr[-3000:]
+    keys = json.loads(out.stdout.split("KEYS ", 1)[1])
+    assert len(keys) == 3
+    assert _kernels_in(live_service.url, "default", keys) == sorted(keys)

@@ -268,8 +268,10 @@ def test_uploads_never_block_the_caller_and_close_is_bounded(mode: str, kernels:
         assert max(waits) < OPEN_CALL_S, f"a submit blocked for {max(waits) * 1e3:.1f} ms"
 
         _, elapsed = timed(rt.close)
-        # The service never answered this process, so exit does not wait for it at all.
-        assert elapsed < 0.2, f"close() took {elapsed:.2f}s with a service that never answered"
+        if mode == "refuse":  # known dead after its first refusal: exit does not wait for it
+            assert elapsed < 0.5, f"close() took {elapsed:.2f}s with a service that refuses"
+        else:  # not known dead (it may just be slow): exit waits, but never past the cap
+            assert elapsed < flush + 0.5, f"close() took {elapsed:.2f}s, past the {flush}s cap"
         if mode == "refuse":  # fast failures: the uploader accounts for them right after
             deadline = time.monotonic() + 2
             while rt.stats.snapshot().get("kernel", {}).get("put_errors", 0) < len(kernels) and time.monotonic() < deadline:

@@ -99,11 +99,15 @@ def test_fresh_node_gets_remote_hits_and_a_warmed_node_needs_no_network(live_ser
     assert b["out"] == a["out"]
 
     # Node C: same workload name. The prefetcher, started at interpreter start, has every kernel
-    # in the Triton dir and every entry in the local tier before the first compile asks.
+    # and every entry in the local tier before the first compile asks; it writes no Triton dir
+    # (only the code that asks knows which dir is right), Triton's cache manager emits from the
+    # local tier into its own dir on its local miss, without the network.
     c = run_node(tmp_path, "c", live_service.url, KCACHE_WORKLOAD="resnet-ish", PROBE_PREFETCH="1")
-    assert sorted(c["prefetched_dirs"]) == sorted(a["kernel_keys"])
+    assert c["prefetched_kernels"] == sorted(a["kernel_keys"])
+    assert c["triton_dirs_before_compile"] == []
     assert c["prefetch_counts"]["entries"] == len(view["entries"])
     assert c["triton_cache_hits"] == [True] * 3
+    assert c["stats"]["kernel"]["hits"] == 3 and c["stats"]["kernel"]["errors"] == 0
     assert c["fx"].get("fxgraph_cache_hit") == 1
     assert c["stats"]["fx-graph"]["errors"] == 0 and c["out"] == a["out"]
 
@@ -111,7 +115,7 @@ def test_fresh_node_gets_remote_hits_and_a_warmed_node_needs_no_network(live_ser
     from kcache.cli import main as cli
 
     d = tmp_path / "d"
-    assert cli(["warm", "resnet-ish", "--url", live_service.url, "--dest", str(d / "triton"), "--local-dir", str(d / "kcache-local")]) == 0
+    assert cli(["warm", "resnet-ish", "--url", live_service.url, "--local-dir", str(d / "kcache-local")]) == 0
     dead = "http://127.0.0.1:9"  # nothing listens: any network attempt would count an error
     offline = run_node(tmp_path, "d", dead)
     assert offline["triton_cache_hits"] == [True] * 3

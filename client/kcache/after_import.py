@@ -1,6 +1,14 @@
-"""Run a callback once a module has finished importing.
+"""Modules that have finished importing, and callbacks for when one does.
 
-kcache installs while torch is still importing itself (right after
+The rule (DESIGN.md, "Living inside someone else's process"): kcache never imports torch or
+Triton from a background thread, and never calls into or caches facts from a module whose import
+has not finished. ``"torch" in sys.modules`` is already true while the main thread is inside
+``import torch``; a thread that then imports ``torch._inductor...`` runs torch's module code
+concurrently with the main thread's and breaks its ``import torch`` ("cannot import name 'Node'
+from partially initialized module 'torch.fx'"). :func:`imported` is the only question kcache asks
+of another package's import state.
+
+kcache also installs while torch is still importing itself (right after
 ``torch._inductor.triton_bundler`` loads, with ``torch._functorch.aot_autograd`` and
 ``torch._inductor.codecache`` half-initialised), so some hooks must wait for their module.
 """
@@ -15,7 +23,9 @@ from types import ModuleType
 from typing import Any
 
 
-def _loaded(name: str) -> ModuleType | None:
+def imported(name: str) -> ModuleType | None:
+    """The module if its import has finished, else None (not imported, or still running). Never
+    imports anything."""
     module = sys.modules.get(name)
     if module is None or getattr(getattr(module, "__spec__", None), "_initializing", False):
         return None  # not imported yet, or its code is still running
@@ -58,7 +68,7 @@ class _WhenInitialised:  # a meta path finder that finds nothing: it watches eve
         self.name, self.callback = name, callback
 
     def find_spec(self, fullname: str, path: Any, target: ModuleType | None = None) -> None:
-        module = _loaded(self.name)
+        module = imported(self.name)
         if module is not None:
             sys.meta_path.remove(self)
             self.callback(module)
@@ -72,7 +82,7 @@ def call_after_import(name: str, callback: Callable[[ModuleType], None]) -> None
     own imports) is called back at the first import anywhere after it finished: torch imports
     lazily all through a compile, long before a graph is looked up. Modules that bound a name
     from it by then are the callback's to update."""
-    module = _loaded(name)
+    module = imported(name)
     if module is not None:
         callback(module)
     elif name not in sys.modules:

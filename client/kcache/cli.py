@@ -123,9 +123,10 @@ def _pull(args: argparse.Namespace) -> int:
 
 
 def _warm(args: argparse.Namespace) -> int:
-    """Prefetch a workload ahead of time (container entrypoint, image build): kernels into the
-    Triton cache dir, entries into kcache's local tier, so the job itself needs no network."""
-    from kcache.dirs import triton_cache_dir
+    """Prefetch a workload ahead of time (container entrypoint, image build): kernel packs and
+    entries into kcache's local tier (and kernel dirs into ``--dest``, if given), so the job
+    itself needs no network: its Triton cache manager emits each kernel from the local tier into
+    whichever dir that job's Triton or Inductor uses."""
     from kcache.fingerprint import current
     from kcache.local_store import LocalEntryStore, default_dir
     from kcache.workload import fetch_view, pull_workload
@@ -139,14 +140,15 @@ def _warm(args: argparse.Namespace) -> int:
         known = "; ".join(fp.describe() for fp in view.other_fingerprints)
         print(f"kcache warm: workload {args.workload!r} has no runs for this environment ({current().describe()}); it has: {known}", file=sys.stderr)
         return 1
-    dest = Path(args.dest) if args.dest else triton_cache_dir()
+    dest = Path(args.dest) if args.dest else None
     local = LocalEntryStore(Path(args.local_dir) if args.local_dir else default_dir(), client.config.namespace)
     import time
 
     t0 = time.perf_counter()
-    counts = pull_workload(client, view, dest, local, check_target=not args.no_target_check)
+    counts = pull_workload(client, view, local, dest, check_target=not args.no_target_check)
     print(
-        f"warmed {args.workload}: {counts['kernels']}/{len(view.kernels)} kernels ({counts['kernel_bytes'] / 1e6:.1f} MB) into {dest}, "
+        f"warmed {args.workload}: {counts['kernels']}/{len(view.kernels)} kernels ({counts['kernel_bytes'] / 1e6:.1f} MB) into {local.root}"
+        f"{f' and {dest}' if dest else ''}, "
         f"{counts['entries']}/{len(view.entries)} entries ({counts['entry_bytes'] / 1e6:.1f} MB) into {local.root}, "
         f"{counts['refused']} refused, in {time.perf_counter() - t0:.2f}s"
     )
@@ -243,7 +245,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     warm = remote(sub.add_parser("warm", help="prefetch a workload's kernels and cache entries ahead of time"))
     warm.add_argument("workload")
-    warm.add_argument("--dest", help="Triton cache dir (default: $TRITON_CACHE_DIR or ~/.triton/cache)")
+    warm.add_argument("--dest", help="also write the kernel dirs into this Triton cache dir (default: only kcache's local tier)")
     warm.add_argument("--local-dir", help="kcache's local entry tier (default: $KCACHE_LOCAL_DIR or ~/.cache/kcache/client)")
     warm.add_argument("--no-target-check", action="store_true", help="emit kernels for other GPUs too")
     warm.set_defaults(func=_warm)

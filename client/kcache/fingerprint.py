@@ -1,7 +1,10 @@
 """The current environment's fingerprint (torch, triton, CUDA/HIP, GPU arch).
 
-Computed without importing torch (package metadata; ``nvidia-smi`` for the arch when torch is not
-already loaded), because the workload prefetcher runs at interpreter start.
+Computed without importing torch (package metadata; ``nvidia-smi`` for the arch), because the
+workload prefetcher asks for it at interpreter start, on its own thread, often while the main
+thread is inside ``import torch``. torch itself is asked only once its import has finished and it
+has already initialised CUDA: kcache must not be the one to initialise the CUDA driver in a
+process that may still fork workers.
 """
 
 from __future__ import annotations
@@ -10,10 +13,11 @@ import functools
 import os
 import shutil
 import subprocess
-import sys
 from importlib import metadata
 
 from kcache_schemas.models import EnvFingerprint
+
+from kcache.after_import import imported
 
 __all__ = ["EnvFingerprint", "current"]
 
@@ -28,11 +32,9 @@ def _version(dist: str) -> str | None:
 def _gpu_arch() -> str | None:
     if arch := os.environ.get("KCACHE_GPU_ARCH"):
         return arch
-    torch = sys.modules.get("torch")
-    if torch is not None:
+    torch = imported("torch")
+    if torch is not None and _cuda_initialised(torch):
         try:
-            if not torch.cuda.is_available():
-                return None
             if getattr(torch.version, "hip", None):
                 return str(torch.cuda.get_device_properties(0).gcnArchName.split(":")[0])
             major, minor = torch.cuda.get_device_capability(0)
@@ -50,11 +52,18 @@ def _gpu_arch() -> str | None:
     return f"sm_{lines[0].strip().replace('.', '')}" if lines else None
 
 
+def _cuda_initialised(torch: object) -> bool:
+    try:
+        return bool(torch.cuda.is_initialized())  # type: ignore[attr-defined]
+    except Exception:
+        return False
+
+
 @functools.lru_cache(maxsize=1)
 def current() -> EnvFingerprint:
     torch_version = _version("torch")
     cuda = hip = None
-    torch = sys.modules.get("torch")
+    torch = imported("torch")
     if torch is not None:
         cuda = getattr(torch.version, "cuda", None)
         hip = getattr(torch.version, "hip", None)

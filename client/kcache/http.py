@@ -53,6 +53,18 @@ class _ByteStream(io.RawIOBase):
         return n
 
 
+def _refused(exc: BaseException) -> bool:
+    """Did the OS refuse the connection (nothing listens there)? httpx wraps the OSError twice."""
+    seen: BaseException | None = exc
+    for _ in range(8):
+        if seen is None:
+            return False
+        if isinstance(seen, ConnectionRefusedError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
 class KcacheClient:
     def __init__(self, config: ClientConfig, transport: httpx.BaseTransport | None = None) -> None:
         if not config.url:
@@ -71,9 +83,14 @@ class KcacheClient:
             transport=transport,
         )
         self._ns = config.namespace
+        self._last_refused = False
 
     def close(self) -> None:
         self._http.close()
+
+    def known_dead(self) -> bool:
+        """The service refused our last connection, or the breaker is open: waiting cannot help."""
+        return self._last_refused or self.breaker.state == "open"
 
     # ---- transport ------------------------------------------------------------------------
 
@@ -86,10 +103,12 @@ class KcacheClient:
             try:
                 response = self._send(method, path, **kwargs)
             except httpx.HTTPError as exc:  # timeouts, refused, reset, undecodable body, redirect loop
+                self._last_refused = _refused(exc)
                 last = ServiceUnavailable(f"{method} {path}: {type(exc).__name__}: {exc}")
                 if isinstance(exc, httpx.TimeoutException):
                     break  # a service that let a whole deadline pass won't answer a retry sooner
             else:
+                self._last_refused = False
                 if response.status_code < 500:
                     self.breaker.success()
                     raise_for_status(response)
@@ -183,6 +202,7 @@ class KcacheClient:
                             yield key, fh.read()
                 self.breaker.success()
             except httpx.TransportError as exc:
+                self._last_refused = _refused(exc)
                 self.breaker.failure()
                 raise ServiceUnavailable(f"batch-get: {type(exc).__name__}: {exc}") from exc
             except tarfile.TarError as exc:

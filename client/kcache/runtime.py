@@ -10,7 +10,6 @@ from __future__ import annotations
 import atexit
 import logging
 import os
-import sys
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -23,9 +22,11 @@ if TYPE_CHECKING:
 
 from kcache import __version__
 from kcache._process import claim_prefetch
+from kcache.after_import import imported
 from kcache.config import ClientConfig
 from kcache.emitter import EmitOutcome, emit_files, emit_pack_manifest
 from kcache.errors import InvalidPack, KcacheError, NotFound
+from kcache.failopen import warn_once
 from kcache.http import KcacheClient
 from kcache.local_store import LocalEntryStore, default_dir
 from kcache.signing import BadSignature, sign, verify
@@ -38,8 +39,8 @@ T = TypeVar("T")
 
 
 def producer_info(compile_time_s: float | None = None) -> Producer:
-    torch = sys.modules.get("torch")
-    triton = sys.modules.get("triton")
+    torch = imported("torch")
+    triton = imported("triton")
     return Producer(
         kcache_version=__version__,
         torch_version=str(getattr(torch, "__version__", "")) or None if torch else None,
@@ -62,7 +63,6 @@ class Runtime:
         self.bundle_emit_s = 0.0  # time spent emitting Inductor bundles (read_and_emit)
         self._lock = threading.Lock()
         self._closed = False
-        self._warned: set[str] = set()
         self.local = LocalEntryStore(default_dir(), config.namespace)
         secret = os.environ.get("KCACHE_SIGNING_KEY")
         self._secret = secret.encode() if secret else None
@@ -70,21 +70,16 @@ class Runtime:
         if self.client is not None and config.workload and claim_prefetch():
             from kcache.workload import Prefetcher
 
-            self.prefetcher = Prefetcher(self.client, config.workload, self.local, config.check_target).start()
+            self.prefetcher = Prefetcher(self.client, config.workload, self.local).start()
 
     def miss_reason(self) -> str:
         hint = self.prefetcher.miss_hint if self.prefetcher is not None else None
         return hint or "not_found"
 
-    def warn_once(self, what: str, exc: BaseException | None = None) -> None:
-        if what not in self._warned:
-            self._warned.add(what)
-            log.warning("kcache: %s%s (kcache stays out of the way)", what, f": {exc}" if exc else "")
-
     def _unexpected(self, layer: str, exc: Exception) -> None:
         """A malformed answer (bad JSON, bad header) or a bug: an error, never into the compile."""
         self.stats.error(layer, "unexpected")
-        self.warn_once(f"unexpected {type(exc).__name__} talking to the service", exc)
+        warn_once(f"unexpected {type(exc).__name__} talking to the service", exc)
 
     def _remote(self, layer: str, call: Callable[[], T]) -> T | None:
         """Run one service call for ``layer``: a miss, an error or a surprise is counted (apart
@@ -99,6 +94,14 @@ class Runtime:
             self._unexpected(layer, exc)
         return None
 
+    def _local_or_prefetched(self, layer: str, key: str) -> bytes | None:
+        """The local tier's copy; if the workload's manifest promises one still downloading,
+        wait for it (bounded by ``KCACHE_PREFETCH_WAIT_S``)."""
+        data = self.local.get(layer, key)
+        if data is None and self.prefetcher is not None and self.prefetcher.wait_for(layer, key):
+            data = self.local.get(layer, key)
+        return data
+
     # ---- kernels --------------------------------------------------------------------------
 
     def note_kernel(self, key: str) -> None:
@@ -106,23 +109,27 @@ class Runtime:
             self.used_kernels.add(key)
 
     def fetch_kernel(self, key: str, cache_dir: Path) -> EmitOutcome | None:
-        """Fetch a kernel from the service and emit it into ``cache_dir``; None on miss/error."""
-        if self.client is None:
-            return None
+        """Emit a kernel into ``cache_dir`` (the dir the asking Triton or Inductor uses) from the
+        local tier (a workload prefetch or ``kcache warm`` put it there), else the service; None
+        on a miss or an error."""
         client = self.client
+        if client is None:
+            return None
         with self.stats.timed(KERNEL_LAYER):
-            pack = self._remote(KERNEL_LAYER, lambda: client.get_pack(key))
+            pack = self._local_or_prefetched(KERNEL_LAYER, key)
+            if pack is None:
+                pack = self._remote(KERNEL_LAYER, lambda: client.get_pack(key))
             if pack is None:
                 return None
             try:
                 outcome, manifest = emit_pack_manifest(cache_dir, pack, expected_key=key, check_target=self.config.check_target)
             except (PackError, InvalidPack) as exc:
-                self.warn_once(f"refused an invalid pack for {key}", exc)
+                warn_once(f"refused an invalid pack for {key}", exc)
                 self.stats.error(KERNEL_LAYER, "invalid_pack")
                 return None
             except OSError as exc:
                 self.stats.error(KERNEL_LAYER, "emit_failed")
-                self.warn_once(f"could not write into {cache_dir}", exc)
+                warn_once(f"could not write into {cache_dir}", exc)
                 return None
             except Exception as exc:
                 self._unexpected(KERNEL_LAYER, exc)
@@ -174,9 +181,7 @@ class Runtime:
     def get_entry(self, layer: str, key: str) -> bytes | None:
         """Local tier, then a promised prefetch, then the service. Verified if signing is on."""
         with self.stats.timed(layer):
-            data = self.local.get(layer, key)
-            if data is None and self.prefetcher is not None and self.prefetcher.wait_for(layer, key):
-                data = self.local.get(layer, key)
+            data = self._local_or_prefetched(layer, key)
             compile_time: float | None = None
             if data is None:
                 client = self.client
@@ -193,7 +198,7 @@ class Runtime:
                 try:
                     data = verify(self._secret, layer, key, data)
                 except BadSignature as exc:
-                    self.warn_once(f"refused a {layer} entry: {exc}")
+                    warn_once(f"refused a {layer} entry: {exc}")
                     self.stats.error(layer, "bad_signature")
                     return None
         self.stats.hit(layer, len(data), compile_time or 0.0)
@@ -216,17 +221,23 @@ class Runtime:
 
     # ---- lifecycle ------------------------------------------------------------------------
 
+    def service_known_dead(self) -> bool:
+        """True when waiting for the service cannot help: it refused our last connection or the
+        breaker is open. A service merely not contacted yet is not dead."""
+        return self.client is None or self.client.known_dead()
+
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
-        # A service that never answered this process will not start now: don't make the exit
-        # wait for it (a blackholed service would otherwise cost flush_timeout_s per process).
-        answered = self.client is not None and self.client.breaker.ever_succeeded
-        flush_s = self.config.flush_timeout_s if answered else 0.0
-        if self.uploader is not None and not self.uploader.flush(flush_s):
-            dropped = self.uploader.drop_pending()
-            self.warn_once(f"{dropped} uploads still pending after {flush_s}s at exit; dropped")
+        # A job that exits right after compiling still hands its uploads to a healthy service,
+        # whether or not the service answered this process before; a service known to be dead
+        # (refused, or the breaker open) costs nothing, and any other wait is capped.
+        if self.uploader is not None and not self.uploader.flush(self.config.flush_timeout_s, give_up=self.service_known_dead):
+            dropped = self.uploader.drop_pending()  # counted per layer as dropped_at_exit
+            if dropped:
+                why = "the service is unreachable" if self.service_known_dead() else f"still pending after {self.config.flush_timeout_s:g}s"
+                warn_once(f"{dropped} uploads dropped at exit: {why}")
         if self.client is not None and self.config.workload and self.config.can_write and (self.used_kernels or self.used_entries):
             from kcache.workload import publish
 
@@ -234,7 +245,7 @@ class Runtime:
                 publish(self.client, self.config.workload, self.used_kernels, self.used_entries)
             except KcacheError as exc:
                 self.stats.put_error("workload", type(exc).__name__)
-        if self.client is not None and (answered or self.uploader is None):
+        if self.client is not None and (self.uploader is None or self.uploader.idle()):
             # Otherwise leave it open: the uploader thread may still be finishing a request,
             # which then fails or succeeds on its own and is counted either way.
             self.client.close()
@@ -243,7 +254,7 @@ class Runtime:
 
             at_exit(self)
         except Exception as exc:
-            self.warn_once("could not report stats at exit", exc)
+            warn_once("could not report stats at exit", exc)
 
 
 _runtime: Runtime | None = None

@@ -25,6 +25,7 @@ from kcache.stats import Stats
 
 log = logging.getLogger("kcache.uploader")
 _BATCH = 64
+_POLL_S = 0.02
 
 
 @dataclass(frozen=True)
@@ -101,15 +102,20 @@ class Uploader:
             self._queue.task_done()
             dropped += 1
 
-    def flush(self, timeout_s: float) -> bool:
-        """Wait until everything queued is sent (True) or ``timeout_s`` passes (False)."""
+    def idle(self) -> bool:
+        """Nothing queued and nothing being sent."""
+        return self._queue.unfinished_tasks == 0
+
+    def flush(self, timeout_s: float, give_up: Callable[[], bool] | None = None) -> bool:
+        """Wait until everything queued is sent (True), or ``timeout_s`` passes or ``give_up()``
+        says waiting cannot help (False). ``give_up`` is polled every few milliseconds."""
         deadline = time.monotonic() + timeout_s
         with self._queue.all_tasks_done:
             while self._queue.unfinished_tasks:
                 left = deadline - time.monotonic()
-                if left <= 0:
+                if left <= 0 or (give_up is not None and give_up()):
                     return False
-                self._queue.all_tasks_done.wait(left)
+                self._queue.all_tasks_done.wait(min(left, _POLL_S))
         return True
 
     def _run(self) -> None:

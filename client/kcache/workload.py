@@ -2,15 +2,22 @@
 
 With ``KCACHE_WORKLOAD=<name>`` the prefetcher starts at interpreter start (from the ``.pth``
 hook), in a background thread, so downloads overlap Python imports and model construction:
-kernels are pulled in bulk into the Triton cache dir, entries into kcache's local tier. The
-compile path waits only for an entry it needs that the manifest promises and that has not arrived
-yet (bounded by ``KCACHE_PREFETCH_WAIT_S``); anything else goes straight to the network.
+kernel packs and entries are pulled in bulk into kcache's local tier. The compile path waits only
+for an entry or kernel it needs that the manifest promises and that has not arrived yet (bounded
+by ``KCACHE_PREFETCH_WAIT_S``); anything else goes straight to the network.
+
+Kernels are *not* written into a Triton cache dir here: which dir is right (``TRITON_CACHE_DIR``,
+Inductor's per-device ``<cache>/triton/<device>``, Triton's ``~/.triton/cache``) is known only to
+the code that asks for the kernel, and learning Inductor's from this thread would mean calling
+into torch while the main thread may still be importing it. The thread that asks (Triton's cache
+manager, on its local miss) emits the pack from the local tier into its own dir.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -20,7 +27,6 @@ from pathlib import Path
 from kcache_schemas import PackError
 from kcache_schemas.models import WorkloadManifest, WorkloadView
 
-from kcache.dirs import triton_cache_dir
 from kcache.emitter import emit_pack
 from kcache.errors import KcacheError, NotFound
 from kcache.fingerprint import current
@@ -28,6 +34,7 @@ from kcache.http import KcacheClient
 from kcache.local_store import LocalEntryStore
 
 log = logging.getLogger("kcache.workload")
+KERNEL_LAYER = "kernel"
 
 
 def fetch_view(client: KcacheClient, name: str) -> WorkloadView | None:
@@ -47,19 +54,29 @@ def publish(client: KcacheClient, name: str, kernels: set[str], entries: set[tup
 
 
 def pull_workload(
-    client: KcacheClient, view: WorkloadView, dest: Path, local: LocalEntryStore,
+    client: KcacheClient, view: WorkloadView, local: LocalEntryStore, dest: Path | None = None,
     *, check_target: bool = True, on_entry: Callable[[str, str], None] | None = None,
 ) -> dict[str, int]:
-    """Download a workload's kernels into ``dest`` and entries into ``local``; returns counts."""
+    """Download a workload's kernel packs and entries into ``local`` (and, with ``dest``, emit
+    the kernels into that Triton cache dir too); returns counts. ``on_entry(layer, key)`` is
+    called as each arrives or fails (kernels as layer ``kernel``)."""
     counts = {"kernels": 0, "kernel_bytes": 0, "entries": 0, "entry_bytes": 0, "refused": 0}
-    for key, pack in client.batch_get(view.kernels):
-        try:
-            emit_pack(dest, pack, expected_key=key, check_target=check_target)
-            counts["kernels"] += 1
-            counts["kernel_bytes"] += len(pack)
-        except (PackError, OSError) as exc:
-            counts["refused"] += 1
-            log.warning("kcache: prefetch refused kernel %s: %s", key, exc)
+    try:
+        for key, pack in client.batch_get(view.kernels):
+            try:
+                if dest is not None:
+                    emit_pack(dest, pack, expected_key=key, check_target=check_target)
+                local.put(KERNEL_LAYER, key, pack)  # verified again when emitted
+                counts["kernels"] += 1
+                counts["kernel_bytes"] += len(pack)
+            except (PackError, OSError) as exc:
+                counts["refused"] += 1
+                log.warning("kcache: prefetch refused kernel %s: %s", key, exc)
+            finally:
+                if on_entry is not None:
+                    on_entry(KERNEL_LAYER, key)
+    except KcacheError as exc:
+        log.warning("kcache: prefetching kernels stopped: %s", exc)
 
     lock = threading.Lock()
 
@@ -77,17 +94,31 @@ def pull_workload(
             if on_entry is not None:
                 on_entry(layer, key)
 
-    with ThreadPoolExecutor(max_workers=8) as pool:
-        list(pool.map(fetch, [(e.layer, e.key) for e in view.entries]))
+    refs = [(e.layer, e.key) for e in view.entries]
+    try:
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            list(pool.map(fetch, refs))
+    except RuntimeError:
+        # The interpreter is shutting down (the job ended before the prefetch did): nothing
+        # here is worth delaying its exit for, or telling it about.
+        if not sys.is_finalizing() and not _shutting_down():
+            raise
     return counts
+
+
+def _shutting_down() -> bool:
+    """True once ``threading`` began the interpreter's shutdown (new executor work is refused)."""
+    from concurrent.futures import thread
+
+    return bool(getattr(thread, "_shutdown", False))
 
 
 class Prefetcher:
     """Runs ``pull_workload`` in the background and lets the compile path wait for one entry."""
 
-    def __init__(self, client: KcacheClient, name: str, local: LocalEntryStore, check_target: bool) -> None:
+    def __init__(self, client: KcacheClient, name: str, local: LocalEntryStore) -> None:
         self.name = name
-        self._client, self._local, self._check_target = client, local, check_target
+        self._client, self._local = client, local
         self.manifest_ready = threading.Event()
         self.done = threading.Event()
         self.view: WorkloadView | None = None
@@ -109,17 +140,16 @@ class Prefetcher:
             if view is not None and view.runs == 0 and view.other_fingerprints:
                 me = current()
                 self.miss_hint = "environment differs from workload's earlier runs: " + "; ".join(me.diff(fp) for fp in view.other_fingerprints)
-            if view is not None:
-                self._pending = {(e.layer, e.key): threading.Event() for e in view.entries}
+            if view is not None and view.runs:
+                promised = [(KERNEL_LAYER, k) for k in view.kernels] + [(e.layer, e.key) for e in view.entries]
+                self._pending = {ref: threading.Event() for ref in promised}
             self.view = view
             self.manifest_ready.set()
             if view is not None and view.runs:
-                self.counts = pull_workload(
-                    self._client, view, triton_cache_dir(), self._local,
-                    check_target=self._check_target, on_entry=self._arrived,
-                )
+                self.counts = pull_workload(self._client, view, self._local, on_entry=self._arrived)
         except Exception as exc:
-            log.warning("kcache: workload prefetch failed: %s", exc)
+            if not (sys.is_finalizing() or _shutting_down()):
+                log.warning("kcache: workload prefetch failed: %s", exc)
         finally:
             self.manifest_ready.set()
             for event in self._pending.values():
