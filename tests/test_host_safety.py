@@ -1,0 +1,246 @@
+"""Host safety: kcache never breaks, hangs or changes the result of the process it lives in.
+
+Every scenario runs a real user's job (``tests/host_job.py``) as fresh interpreters, in the user's
+default environment: ``HOME`` and ``TMPDIR`` of a node of its own and nothing else set for caches
+(no ``TRITON_CACHE_DIR``, no ``TORCHINDUCTOR_CACHE_DIR``: Inductor's dirs are its defaults under
+``TMPDIR``, kcache's under ``HOME``), activation by the ``.pth`` at interpreter start, ``import
+torch`` racing kcache's threads, exit right after the compile. Each scenario runs ``RUNS`` times
+(``KCACHE_HOST_SAFETY_RUNS``, 20 by default), every run pinned to one CPU (``taskset -c``) to widen
+races, two runs at a time on a 2-core machine. Every run must exit 0, print no traceback, finish
+well inside its deadline, and print exactly what the same job prints with kcache off.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from live import REPO, ServerProcess, kcache_cmd
+from netfaults import FaultServer, Request, http_response, tar_stream
+
+pytest.importorskip("torch")
+pytestmark = [pytest.mark.slow, pytest.mark.host_safety]
+
+RUNS = int(os.environ.get("KCACHE_HOST_SAFETY_RUNS", "20"))
+JOB = REPO / "tests" / "host_job.py"
+RUN_DEADLINE_S = 240.0
+# A run against a dead, blackholed, slow or hostile service may be slower than a healthy one (a few
+# deadlines before the breaker opens), never by more than this.
+DEGRADED_EXTRA_S = 30.0
+_PINNING = shutil.which("taskset") is not None and len(os.sched_getaffinity(0)) > 0
+
+
+@dataclass
+class Run:
+    index: int
+    rc: int
+    stdout: str
+    stderr: str
+    seconds: float
+
+    @property
+    def result(self) -> object:
+        lines = [line for line in self.stdout.splitlines() if line.startswith("RESULT ")]
+        return json.loads(lines[-1][len("RESULT "):]) if lines else None
+
+    def describe(self) -> str:
+        return f"run {self.index}: rc={self.rc} in {self.seconds:.1f}s\n--- stdout\n{self.stdout[-1500:]}\n--- stderr\n{self.stderr[-4000:]}"
+
+
+@dataclass
+class Node:
+    """One machine's user account: its own HOME and TMPDIR, nothing else configured."""
+
+    root: Path
+
+    @property
+    def home(self) -> Path:
+        return self.root / "home"
+
+    def env(self, **kcache: str) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("KCACHE_", "TRITON_", "TORCHINDUCTOR_"))}
+        (self.root / "tmp").mkdir(parents=True, exist_ok=True)
+        self.home.mkdir(parents=True, exist_ok=True)
+        env.update(HOME=str(self.home), TMPDIR=str(self.root / "tmp"), PYTHONUNBUFFERED="1", **kcache)
+        return env
+
+
+def run_job(node: Node, index: int, job: str, cpu: int | None, **kcache: str) -> Run:
+    env = node.env(HOST_JOB=job, **kcache)
+    cmd = [sys.executable, str(JOB)]
+    if cpu is not None and _PINNING:
+        cmd = ["taskset", "-c", str(cpu), *cmd]
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=node.root, timeout=RUN_DEADLINE_S, stdin=subprocess.DEVNULL)
+    return Run(index, proc.returncode, proc.stdout, proc.stderr, time.monotonic() - t0)
+
+
+def run_many(node: Node, job: str, before_each: Callable[[int], None] | None = None, **kcache: str) -> list[Run]:
+    """``RUNS`` runs of ``job`` on ``node``, two at a time, each pinned to one CPU."""
+    cpus = sorted(os.sched_getaffinity(0))
+
+    def one(i: int) -> Run:
+        if before_each is not None:
+            before_each(i)
+        env = {k: v.replace("{i}", str(i)) for k, v in kcache.items()}
+        return run_job(node, i, job, cpus[i % len(cpus)], **env)
+
+    first = one(0)  # the cold start, alone (it fills the node's local caches)
+    with ThreadPoolExecutor(max_workers=min(2, len(cpus))) as pool:
+        return [first, *pool.map(one, range(1, RUNS))]
+
+
+def assert_all_healthy(runs: list[Run], expected: object) -> None:
+    assert len(runs) == RUNS
+    for run in runs:
+        assert run.rc == 0, run.describe()
+        assert "Traceback" not in run.stderr, run.describe()
+        assert run.result == expected, run.describe()
+
+
+def kcache_warnings(run: Run) -> list[str]:
+    return [line for line in run.stderr.splitlines() if "kcache:" in line]
+
+
+# ---- baselines and services -----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def baseline(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], tuple[object, float]]:
+    """What each job prints without kcache (no KCACHE_URL at all), and how long a warm run takes."""
+    node = Node(tmp_path_factory.mktemp("baseline"))
+    seen: dict[str, tuple[object, float]] = {}
+
+    def get(job: str) -> tuple[object, float]:
+        if job not in seen:
+            runs = [run_job(node, i, job, None) for i in range(2)]  # cold, then warm
+            for run in runs:
+                assert run.rc == 0 and run.result is not None, run.describe()
+            assert runs[0].result == runs[1].result
+            seen[job] = (runs[1].result, runs[1].seconds)
+        return seen[job]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    root = tmp_path_factory.mktemp("service")
+    with ServerProcess(root / "data", root) as server:
+        yield server
+
+
+def _published(service: ServerProcess, workload: str, tmp: Path, baseline_result: object) -> None:
+    """An earlier job published ``workload`` (as a user's first run would)."""
+    run = run_job(Node(tmp / f"publisher-{workload}"), 0, "compile", None, KCACHE_URL=service.url, KCACHE_WORKLOAD=workload)
+    assert run.rc == 0 and run.result == baseline_result, run.describe()
+    with service.client() as http:
+        assert http.get(f"/v1/default/workloads/{workload}").status_code == 200
+
+
+# ---- a healthy service ----------------------------------------------------------------------------
+
+
+def test_import_torch_races_the_prefetch_of_a_published_workload(service: ServerProcess, baseline, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The prefetcher starts at interpreter start while the main thread imports torch. Before the
+    fix it imported Inductor's runtime utilities from its thread and broke ``import torch``
+    (``cannot import name 'Node' from partially initialized module 'torch.fx'``): 10 of 10 runs
+    pinned to one CPU, on a 2-core machine."""
+    compiled, _ = baseline("compile")
+    _published(service, "race", tmp_path, compiled)
+    expected, _ = baseline("import")
+    runs = run_many(Node(tmp_path / "node"), "import", KCACHE_URL=service.url, KCACHE_WORKLOAD="race")
+    assert_all_healthy(runs, expected)
+    assert not [w for run in runs for w in kcache_warnings(run)]
+
+
+@pytest.mark.parametrize(
+    ("name", "job", "env"),
+    [
+        ("autoload", "compile", {}),
+        ("published-workload", "compile", {"KCACHE_WORKLOAD": "published"}),
+        ("unpublished-workload", "compile", {"KCACHE_WORKLOAD": "fresh-{i}"}),
+        ("explicit-install", "install", {"KCACHE_AUTOLOAD": "0", "KCACHE_WORKLOAD": "published"}),
+        ("reinstall", "reinstall", {"KCACHE_WORKLOAD": "published"}),
+        ("uninstall", "uninstall", {"KCACHE_WORKLOAD": "published"}),
+        ("readonly", "compile", {"KCACHE_MODE": "readonly", "KCACHE_WORKLOAD": "published"}),
+        ("off", "compile", {"KCACHE_MODE": "off", "KCACHE_WORKLOAD": "published"}),
+    ],
+)
+def test_every_activation_path_against_a_healthy_service(  # type: ignore[no-untyped-def]
+    name: str, job: str, env: dict[str, str], service: ServerProcess, baseline, tmp_path: Path
+) -> None:
+    compiled, _ = baseline("compile")
+    if env.get("KCACHE_WORKLOAD") == "published":
+        _published(service, "published", tmp_path, compiled)
+    expected, _ = baseline(job if job != "install" else "compile")
+    runs = run_many(Node(tmp_path / "node"), job, KCACHE_URL=service.url, **env)
+    assert_all_healthy(runs, expected)
+    # A healthy service gives kcache nothing to warn about.
+    assert not [w for run in runs for w in kcache_warnings(run)], [kcache_warnings(r) for r in runs]
+
+
+def test_kcache_warm_then_the_job(service: ServerProcess, baseline, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A container entrypoint runs ``kcache warm``; the job starts right after it."""
+    expected, _ = baseline("compile")
+    _published(service, "warmed", tmp_path, expected)
+    node = Node(tmp_path / "node")
+
+    def warm(i: int) -> None:
+        proc = subprocess.run(
+            [*kcache_cmd(), "warm", "warmed"], capture_output=True, text=True, timeout=120,
+            env=node.env(KCACHE_URL=service.url), cwd=node.root,
+        )
+        assert proc.returncode == 0, proc.stderr[-2000:]
+
+    runs = run_many(node, "compile", before_each=warm, KCACHE_URL=service.url, KCACHE_WORKLOAD="warmed")
+    assert_all_healthy(runs, expected)
+
+
+# ---- a service that is dead, blackholed, slow or hostile --------------------------------------------
+
+
+def _hostile(request: Request) -> bytes:
+    """Well-formed HTTP, poisonous content: a workload that promises entries and kernels, a
+    batch-get stream with a traversal name, entries that are not Inductor's, junk elsewhere."""
+    if request.method == "GET" and "/workloads/" in request.path:
+        view = {
+            "name": "hostile", "runs": 1, "fingerprint": {},
+            "kernels": ["A" * 52], "entries": [{"layer": "fx-graph", "key": "pt2:fx-graph-v1::x:c1"}],
+        }
+        return http_response(200, json.dumps(view).encode(), {"Content-Type": "application/json"})
+    if request.path.endswith("kernels:batch-get"):
+        return http_response(200, tar_stream([("../../../escape.kpack", b"x" * 64)]), {"Content-Type": "application/x-tar"})
+    if request.method == "GET" and "/entries/" in request.path:
+        return http_response(200, b"KCFXG1\n\xff\xff\xff\xffnot a graph", {"Content-Type": "application/octet-stream"})
+    return http_response(200, b'{"missing": 7, "invalid": null}', {"Content-Type": "application/json"})
+
+
+FAULTS: dict[str, Callable[[], FaultServer]] = {
+    "dead": lambda: FaultServer("refuse"),
+    "blackholed": lambda: FaultServer("hang"),
+    "slow": lambda: FaultServer("drip", trickle_interval=0.5),
+    "hostile": lambda: FaultServer("http", handler=_hostile),
+}
+
+
+@pytest.mark.parametrize("fault", sorted(FAULTS))
+def test_a_degraded_service_never_breaks_or_hangs_the_job(fault: str, baseline, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    expected, warm_s = baseline("compile")
+    with FAULTS[fault]() as server:
+        runs = run_many(Node(tmp_path / "node"), "compile", KCACHE_URL=server.url, KCACHE_WORKLOAD="job")
+    assert_all_healthy(runs, expected)
+    # The cold first run compiles from scratch; the others are warm local restarts.
+    slow = [run.describe() for run in runs[1:] if run.seconds > warm_s + DEGRADED_EXTRA_S]
+    assert not slow, slow[:2]
+    escaped = [p for p in (tmp_path / "node").rglob("escape*")]
+    assert not escaped, escaped
