@@ -1,23 +1,26 @@
 """The current environment's fingerprint (torch, triton, CUDA/HIP, GPU arch).
 
-Computed without importing torch (package metadata; ``nvidia-smi`` for the arch), because the
-workload prefetcher asks for it at interpreter start, on its own thread, often while the main
-thread is inside ``import torch``. torch itself is asked only once its import has finished and it
-has already initialised CUDA: kcache must not be the one to initialise the CUDA driver in a
-process that may still fork workers.
+A workload is published under the fingerprint its job computed at exit and prefetched under the
+one the next job computes at interpreter start, often on the prefetch thread while the main thread
+is inside ``import torch``. Both must agree, so the fingerprint is a function of what is installed
+and of the machine, never of how far torch got importing: package metadata for the versions,
+``torch/version.py`` read as text for CUDA/HIP (registry CUDA wheels carry no ``+cu`` tag in their
+version), ``KCACHE_GPU_ARCH`` or ``nvidia-smi`` for the arch. torch is never imported or called:
+kcache must also not be the one to initialise the CUDA driver in a process that may still fork.
 """
 
 from __future__ import annotations
 
+import ast
 import functools
+import importlib.util
 import os
 import shutil
 import subprocess
 from importlib import metadata
+from pathlib import Path
 
 from kcache_schemas.models import EnvFingerprint
-
-from kcache.after_import import imported
 
 __all__ = ["EnvFingerprint", "current"]
 
@@ -29,18 +32,27 @@ def _version(dist: str) -> str | None:
         return None
 
 
+def _torch_build() -> dict[str, str | None]:
+    """``cuda`` and ``hip`` from the installed ``torch/version.py``, read as text (no import)."""
+    try:
+        spec = importlib.util.find_spec("torch")  # a top-level name: finds, imports nothing
+        locations = list(spec.submodule_search_locations or []) if spec is not None else []
+        source = (Path(locations[0]) / "version.py").read_text() if locations else ""
+        tree = ast.parse(source)
+    except (OSError, ValueError, SyntaxError, ImportError):
+        return {}
+    found: dict[str, str | None] = {}
+    for node in tree.body:
+        target = node.target if isinstance(node, ast.AnnAssign) else (node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None)
+        value = node.value if isinstance(node, (ast.AnnAssign, ast.Assign)) else None
+        if isinstance(target, ast.Name) and target.id in ("cuda", "hip") and isinstance(value, ast.Constant):
+            found[target.id] = value.value if isinstance(value.value, str) else None
+    return found
+
+
 def _gpu_arch() -> str | None:
     if arch := os.environ.get("KCACHE_GPU_ARCH"):
         return arch
-    torch = imported("torch")
-    if torch is not None and _cuda_initialised(torch):
-        try:
-            if getattr(torch.version, "hip", None):
-                return str(torch.cuda.get_device_properties(0).gcnArchName.split(":")[0])
-            major, minor = torch.cuda.get_device_capability(0)
-            return f"sm_{major}{minor}"
-        except Exception:
-            return None
     smi = shutil.which("nvidia-smi")
     if not smi:
         return None
@@ -52,24 +64,9 @@ def _gpu_arch() -> str | None:
     return f"sm_{lines[0].strip().replace('.', '')}" if lines else None
 
 
-def _cuda_initialised(torch: object) -> bool:
-    try:
-        return bool(torch.cuda.is_initialized())  # type: ignore[attr-defined]
-    except Exception:
-        return False
-
-
 @functools.lru_cache(maxsize=1)
 def current() -> EnvFingerprint:
-    torch_version = _version("torch")
-    cuda = hip = None
-    torch = imported("torch")
-    if torch is not None:
-        cuda = getattr(torch.version, "cuda", None)
-        hip = getattr(torch.version, "hip", None)
-    elif torch_version and "+cu" in torch_version:
-        tag = torch_version.split("+cu", 1)[1]
-        cuda = f"{tag[:-1]}.{tag[-1]}" if tag.isdigit() and len(tag) >= 2 else tag
-    elif torch_version and "+rocm" in torch_version:
-        hip = torch_version.split("+rocm", 1)[1]
-    return EnvFingerprint(torch=torch_version, triton=_version("triton"), cuda=cuda, hip=hip, gpu_arch=_gpu_arch())
+    build = _torch_build()
+    return EnvFingerprint(
+        torch=_version("torch"), triton=_version("triton"), cuda=build.get("cuda"), hip=build.get("hip"), gpu_arch=_gpu_arch()
+    )

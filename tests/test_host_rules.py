@@ -196,3 +196,25 @@ def test_the_recheck_wrapper_runs_torchs_recheck_even_when_kcaches_part_fails(mo
         coordesc_reuse.uninstall()
     assert calls == ["torch"]
     assert th.CachingAutotuner.recheck_autotune_cache is recheck
+
+
+def test_the_fingerprint_is_the_same_before_and_after_import_torch(tmp_path: Any) -> None:
+    """A workload is prefetched under the fingerprint of interpreter start and published under
+    the one at exit. Before the fix ``cuda`` was None before ``import torch`` and torch's CUDA
+    version after it on registry (CUDA) wheels, so a published workload was never found again."""
+    import subprocess
+
+    script = (
+        "import json, kcache.fingerprint as fp\n"
+        "before = fp.current().model_dump(); fp.current.cache_clear()\n"
+        "import torch\n"
+        "after = fp.current().model_dump()\n"
+        "print(json.dumps([before, after, torch.version.cuda, torch.version.hip]))\n"
+    )
+    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("KCACHE_")}
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env={**env, "KCACHE_AUTOLOAD": "0"}, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    before, after, cuda, hip = __import__("json").loads(out.stdout.strip().splitlines()[-1])
+    assert before == after
+    assert (after["cuda"], after["hip"]) == (cuda, hip)
+    assert after["torch"] == torch.__version__
