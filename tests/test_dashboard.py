@@ -37,10 +37,11 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
 
-def report(report_id: str, *, workload: str | None = "bert", ended: float, pid: int = 1, **kernel: Any) -> dict[str, Any]:
+def report(report_id: str, *, workload: str | None = "bert", ended: float, pid: int = 1, torch: str = "2.13.0", **kernel: Any) -> dict[str, Any]:
     return {"report_id": report_id, "host": "node-1", "pid": pid, "workload": workload, "started_at": max(0.0, ended - 60),
-            "ended_at": ended, "layers": {"kernel": {"bytes_down": 1000 * kernel.get("hits", 0), **kernel},
-                                          "fx-graph": {"hits": 1, "saved_s": 12.5}}}
+            "ended_at": ended, "environment": {"torch": torch, "triton": "3.9.0", "cuda": "13.0", "gpu_arch": "sm_90"},
+            "layers": {"kernel": {"bytes_down": 1000 * kernel.get("hits", 0), **kernel},
+                       "fx-graph": {"hits": 1, "saved_s": 12.5}}}
 
 
 @pytest.fixture
@@ -71,6 +72,9 @@ def test_runs_aggregate_over_processes_and_list_newest_first(client: TestClient)
     assert run["hit_rate"] == pytest.approx(100 * 7 / 10)
     assert run["layers"]["kernel"]["errors"] == 2 and run["layers"]["kernel"]["misses"] == 1
     assert run["layers"]["kernel"]["error_kinds"] == {"ServiceUnavailable": 2}
+    assert run["environments"] == [
+        {"torch": "2.13.0", "triton": "3.9.0", "processes": 2, "hits": 7, "misses": 1, "errors": 2, "hit_rate": pytest.approx(70.0)}
+    ]
     assert run["saved_s"] == 25.0 and run["started_at"] == pytest.approx(now - 160) and run["ended_at"] == pytest.approx(now - 90)
 
     runs = client.get("/v1/default/runs").json()["items"]
@@ -213,7 +217,7 @@ def test_dashboard_in_chromium(tmp_path: Path, real_kernel_dirs: list[Path]) -> 
         now = time.time()
         runs = [
             ("ci-1", report("rank0-aaaaaaaa", ended=now - 7200, hits=2, misses=6)),
-            ("ci-1", report("rank1-bbbbbbbb", ended=now - 7100, pid=2, hits=1, misses=7)),
+            ("ci-1", report("rank1-bbbbbbbb", ended=now - 7100, pid=2, torch="2.15.0", hits=1, misses=7)),
             ("ci-2", report("rank0-cccccccc", ended=now - 3600, hits=15, misses=1, errors=2, error_kinds={"ServiceUnavailable": 2})),
             ("ci-3", report("rank0-dddddddd", workload="resnet", ended=now - 600, hits=9, misses=1)),
         ]
@@ -249,7 +253,15 @@ def test_dashboard_in_chromium(tmp_path: Path, real_kernel_dirs: list[Path]) -> 
                 # Recent runs, newest first; a click shows per-layer detail with errors apart.
                 rows = page.locator("#runs-table tbody tr")
                 assert rows.count() == 3 and rows.nth(0).get_attribute("data-run") == "ci-3"
-                assert rows.nth(2).locator("td").nth(3).inner_text() == "2"  # ci-1: two processes
+                assert rows.nth(2).locator("td").nth(4).inner_text() == "2"  # ci-1: two processes
+                # ci-1 ran mid-upgrade: one rank on each torch, each with its own hit rate.
+                assert rows.nth(2).locator("td").nth(2).inner_text() == "torch 2.15.0, triton 3.9.0; torch 2.13.0, triton 3.9.0"
+                rows.nth(2).click()
+                page.wait_for_selector("#run-environments")
+                envs = page.locator("#run-environments tbody tr")
+                assert envs.count() == 2
+                assert envs.nth(0).inner_text().split("\t") == ["torch 2.15.0, triton 3.9.0", "1", "2", "7", "0", "22.2%"]
+                assert envs.nth(1).inner_text().split("\t") == ["torch 2.13.0, triton 3.9.0", "1", "3", "6", "0", "33.3%"]
                 rows.nth(1).click()
                 page.wait_for_selector("#run-layers")
                 assert "ServiceUnavailable \u00d72" in page.locator("#run-layers").inner_text()

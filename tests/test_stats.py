@@ -135,6 +135,33 @@ def test_documents_merge_and_become_run_reports() -> None:
     assert report.workload == "bert" and report.layers["kernel"].hits == 2 and report.pid == os.getpid()
 
 
+def test_a_fleet_mid_upgrade_sees_hit_rates_per_torch_and_triton(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Each process's document carries its environment; merged files and reports break the run
+    down per torch/triton pair."""
+    old = [_doc(kernel={"hits": 9, "misses": 1}) for _ in range(2)]
+    new = _doc(kernel={"hits": 1, "misses": 3})
+    for d in old:
+        d["environment"] = {"torch": "2.13.0", "triton": "3.9.0", "cuda": "13.0", "gpu_arch": "sm_90"}
+    new["environment"] = {"torch": "2.15.0", "triton": "3.9.0", "cuda": "13.2", "gpu_arch": "sm_90"}
+    f = tmp_path / "fleet"
+    f.mkdir()
+    for d in [*old, new]:
+        write_stats(f / f"kcache-stats-node-{id(d)}.json", d)  # one file per process, merged when read
+    merged = load_stats(f)
+    assert merged["environments"] == [
+        {"torch": "2.15.0", "triton": "3.9.0", "processes": 1, "hits": 1, "misses": 3, "errors": 0, "hit_rate": 25.0},
+        {"torch": "2.13.0", "triton": "3.9.0", "processes": 2, "hits": 18, "misses": 2, "errors": 0, "hit_rate": 90.0},
+    ]
+    assert merge_documents([merged, new])["environments"][0]["processes"] == 2  # merging again adds up
+    rc, out, _ = run_cli(capsys, "--file", str(f))
+    assert rc == 0
+    rows = out.split("Per environment (torch, triton)\n", 1)[1].splitlines()
+    assert rows[1].split() == ["torch", "2.15.0,", "triton", "3.9.0", "1", "1", "3", "0", "25.0%"]
+    assert rows[2].split() == ["torch", "2.13.0,", "triton", "3.9.0", "2", "18", "2", "0", "90.0%"]
+    assert "torch 2.13.0, triton 3.9.0: 90.0% (2 processes)" in format_markdown(merged)
+    assert RunStatsReport.model_validate(run_report(new)).environment.torch == "2.15.0"  # type: ignore[union-attr]
+
+
 def test_runtime_close_reports_only_when_kcache_did_something(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from kcache.config import ClientConfig
     from kcache.runtime import Runtime
@@ -150,6 +177,10 @@ def test_runtime_close_reports_only_when_kcache_did_something(tmp_path: Path, ca
     assert capsys.readouterr().err.count("kcache: 0 hits, 1 misses, 0 errors (0.0% hit rate) | fx-graph 0/1") == 1
     doc = load_stats(stats_file)
     assert doc["processes"] == 1 and doc["workload"] == "bert" and doc["run_id"] == "ci-9"
+    import torch
+
+    # The fingerprint at exit names this process's torch: the file shows it per environment.
+    assert [(e["torch"], e["processes"], e["misses"]) for e in doc["environments"]] == [(torch.__version__, 1, 1)]
 
 
 # ---- kcache stats formats and --fail-under --------------------------------------------------------

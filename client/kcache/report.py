@@ -21,6 +21,8 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 from xml.etree import ElementTree as ET
 
+from kcache_schemas.models import EnvironmentSummary
+
 from kcache import __version__
 from kcache.failopen import warn_once
 from kcache.stats import load_stats, totals, write_stats
@@ -165,11 +167,28 @@ def format_text(doc: dict[str, Any], fail_under: float | None = None) -> str:
         widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
         for r in table:
             lines.append("  " + "  ".join(f"{cell:<{widths[0]}}" if i == 0 else f"{cell:>{widths[i]}}" for i, cell in enumerate(r)))
+    envs = _environments(doc)
+    if envs:
+        lines += ["", "Per environment (torch, triton)"]
+        table = [["environment", "processes", "hits", "misses", "errors", "hit rate"]] + [
+            [e.label, str(e.processes), str(e.hits), str(e.misses), str(e.errors), _pct(e.hit_rate)] for e in envs
+        ]
+        widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
+        for r in table:
+            lines.append("  " + "  ".join(f"{cell:<{widths[0]}}" if i == 0 else f"{cell:>{widths[i]}}" for i, cell in enumerate(r)))
     for title, field in (("Miss reasons", "miss_reasons"), ("Error kinds", "error_kinds")):
         found = _reasons(layers, field)
         if found:
             lines += ["", title] + [f"  {name}: {reason} x{n}" for name, reason, n in found]
     return "\n".join(lines) + "\n"
+
+
+def _environments(doc: dict[str, Any]) -> list[EnvironmentSummary]:
+    """The run per torch/triton pair (merged stats files and the service's run aggregates)."""
+    raw = doc.get("environments")
+    if not isinstance(raw, list):
+        return []
+    return [EnvironmentSummary.model_validate(e) for e in raw if isinstance(e, dict)]
 
 
 def format_json(doc: dict[str, Any], fail_under: float | None = None) -> str:
@@ -206,6 +225,11 @@ def format_markdown(doc: dict[str, Any], fail_under: float | None = None) -> str
     if t["errors"]:
         lines += ["", f"> **{t['errors']} errors**: lookups that failed (service unreachable, timed out or "
                       "answered badly). They count against the hit rate but are not misses."]
+    envs = _environments(doc)
+    if envs:
+        lines += ["", "**Per environment:** " + " · ".join(
+            f"{_md(e.label)}: {_pct(e.hit_rate)} ({e.processes} process{'es' if e.processes != 1 else ''})" for e in envs
+        )]
     for title, field in (("Miss reasons", "miss_reasons"), ("Error kinds", "error_kinds")):
         found = _reasons(layers, field)
         if found:
@@ -279,7 +303,9 @@ def at_exit(rt: Runtime) -> None:
     if not (cfg.stats_file or cfg.report or (cfg.run_id and cfg.enabled)):
         return
     try:
-        doc = rt.stats.document(run_id=cfg.run_id, workload=cfg.workload, namespace=cfg.namespace)
+        from kcache.fingerprint import current
+
+        doc = rt.stats.document(run_id=cfg.run_id, workload=cfg.workload, namespace=cfg.namespace, environment=current().model_dump())
     except Exception as exc:
         warn_once("could not collect stats at exit", exc)
         return
@@ -312,6 +338,7 @@ def run_report(doc: dict[str, Any], report_id: str | None = None) -> dict[str, A
         "kcache_version": __version__,
         "started_at": doc.get("started_at") or 0.0,
         "ended_at": doc.get("ended_at") or 0.0,
+        "environment": doc.get("environment"),
         "layers": doc.get("layers", {}),
     }
 

@@ -27,6 +27,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kcache_schemas.models import (
+    EnvFingerprint,
+    EnvironmentSummary,
+    LayerCounts,
+    hit_rate,
+    summarize_environments,
+)
+
 STATS_FORMAT = "kcache-stats"
 STATS_VERSION = 1
 DIR_FILE_PREFIX = "kcache-stats-"
@@ -142,12 +150,6 @@ _COUNTS = ("hits", "misses", "errors", "puts", "put_errors", "skipped", "bytes_d
 _TIMES = ("seconds", "saved_s")
 
 
-def hit_rate(hits: int, misses: int, errors: int) -> float | None:
-    """Percent of lookups that hit; errors count against it. None when there were no lookups."""
-    lookups = hits + misses + errors
-    return 100.0 * hits / lookups if lookups else None
-
-
 def totals(layers: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Counters summed over layers, plus ``lookups`` and ``hit_rate``."""
     out: dict[str, Any] = {k: sum(int(v.get(k, 0)) for v in layers.values()) for k in _COUNTS}
@@ -191,7 +193,33 @@ def merge_documents(docs: Iterable[dict[str, Any]]) -> dict[str, Any]:
     merged["workload"] = workloads[0] if len(workloads) == 1 else None
     merged["workloads"] = workloads
     merged["layers"] = merge_layers(d["layers"] for d in docs)
+    merged["environments"] = [e.model_dump() for e in merge_environments(docs)]
     return merged
+
+
+def _environments_of(doc: dict[str, Any]) -> list[EnvironmentSummary]:
+    """A document's per-environment lookups: a merged one lists them, a process's own document
+    has its ``environment`` (the fingerprint at exit) and its layers."""
+    if isinstance(doc.get("environments"), list):
+        return [EnvironmentSummary.model_validate(e) for e in doc["environments"] if isinstance(e, dict)]
+    env = doc.get("environment")
+    fingerprint = EnvFingerprint.model_validate(env) if isinstance(env, dict) else None
+    layers = {str(k): LayerCounts.model_validate(v) for k, v in doc["layers"].items() if isinstance(v, dict)}
+    return summarize_environments([(fingerprint, layers)]) if doc.get("processes", 1) == 1 else []
+
+
+def merge_environments(docs: Iterable[dict[str, Any]]) -> list[EnvironmentSummary]:
+    """Per (torch, triton) over many documents: processes and lookups add up."""
+    acc: dict[tuple[str | None, str | None], EnvironmentSummary] = {}
+    for doc in docs:
+        for env in _environments_of(doc):
+            key = (env.torch, env.triton)
+            old = acc.get(key)
+            if old is not None:
+                n, h, m, e = old.processes + env.processes, old.hits + env.hits, old.misses + env.misses, old.errors + env.errors
+                env = EnvironmentSummary(torch=env.torch, triton=env.triton, processes=n, hits=h, misses=m, errors=e, hit_rate=hit_rate(h, m, e))
+            acc[key] = env
+    return sorted(acc.values(), key=lambda s: (s.torch or "", s.triton or ""), reverse=True)
 
 
 # ---- KCACHE_STATS_FILE ---------------------------------------------------------------------------

@@ -302,6 +302,48 @@ class LayerCounts(_Lenient):
 Layers = Annotated[dict[str, LayerCounts], Field(max_length=64), AfterValidator(_stat_names)]
 
 
+def hit_rate(hits: int, misses: int, errors: int) -> float | None:
+    """Percent of lookups that hit; errors count against it. None when there were no lookups.
+    The one definition, for client stats files, reports and the service's run aggregates."""
+    lookups = hits + misses + errors
+    return 100.0 * hits / lookups if lookups else None
+
+
+class EnvironmentSummary(_Model):
+    """One environment's share of a run (a fleet mid-upgrade runs several torch/triton pairs):
+    processes that reported from it and their lookups."""
+
+    torch: str | None = None
+    triton: str | None = None
+    processes: int = 0
+    hits: int = 0
+    misses: int = 0
+    errors: int = 0
+    hit_rate: float | None = None
+
+    @property
+    def label(self) -> str:
+        return f"torch {self.torch or '?'}, triton {self.triton or '?'}"
+
+
+def summarize_environments(reports: list[tuple[EnvFingerprint | None, dict[str, LayerCounts]]]) -> list[EnvironmentSummary]:
+    """Per (torch, triton): processes and lookups of ``(environment, layers)`` reports, newest torch first."""
+    acc: dict[tuple[str | None, str | None], list[int]] = {}
+    for env, layers in reports:
+        key = (env.torch, env.triton) if env is not None else (None, None)
+        counts = acc.setdefault(key, [0, 0, 0, 0])
+        counts[0] += 1
+        for c in layers.values():
+            counts[1] += c.hits
+            counts[2] += c.misses
+            counts[3] += c.errors
+    out = [
+        EnvironmentSummary(torch=t, triton=tr, processes=n, hits=h, misses=m, errors=e, hit_rate=hit_rate(h, m, e))
+        for (t, tr), (n, h, m, e) in acc.items()
+    ]
+    return sorted(out, key=lambda s: (s.torch or "", s.triton or ""), reverse=True)
+
+
 class RunStatsReport(_Lenient):
     """What one process sends at exit to ``POST /v1/{namespace}/runs/{run_id}/stats``.
 
@@ -314,6 +356,7 @@ class RunStatsReport(_Lenient):
     kcache_version: str | None = Field(default=None, max_length=64)
     started_at: float = Field(default=0.0, ge=0)
     ended_at: float = Field(default=0.0, ge=0)
+    environment: EnvFingerprint | None = Field(default=None, description="torch, triton, CUDA/HIP and GPU arch of the process")
     layers: Layers = Field(default_factory=dict)
 
 
@@ -336,6 +379,7 @@ class RunSummary(_Model):
     seconds: float
     saved_s: float
     hit_rate: float | None = Field(description="hits / (hits + misses + errors) in percent; null with no lookups")
+    environments: list[EnvironmentSummary] = Field(default_factory=list, description="the run per torch/triton pair")
 
 
 class RunAggregate(RunSummary):

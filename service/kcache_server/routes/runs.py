@@ -23,7 +23,9 @@ from kcache_schemas.models import (
     RunList,
     RunStatsReport,
     RunSummary,
+    hit_rate,
     sum_layer_counts,
+    summarize_environments,
     validate_run_id,
 )
 from pydantic import ValidationError
@@ -74,7 +76,6 @@ def aggregate(namespace: str, run_id: str, reports: list[RunStatsReport]) -> Run
     hits = sum(c.hits for c in layers.values())
     misses = sum(c.misses for c in layers.values())
     errors = sum(c.errors for c in layers.values())
-    lookups = hits + misses + errors
     starts = [r.started_at for r in reports if r.started_at]
     ends = [r.ended_at for r in reports if r.ended_at]
     return RunAggregate(
@@ -93,7 +94,8 @@ def aggregate(namespace: str, run_id: str, reports: list[RunStatsReport]) -> Run
         bytes_up=sum(c.bytes_up for c in layers.values()),
         seconds=round(sum(c.seconds for c in layers.values()), 6),
         saved_s=round(sum(c.saved_s for c in layers.values()), 6),
-        hit_rate=100.0 * hits / lookups if lookups else None,
+        hit_rate=hit_rate(hits, misses, errors),
+        environments=summarize_environments([(r.environment, r.layers) for r in reports]),
         layers=layers,
     )
 

@@ -170,13 +170,14 @@
     const body = $("runs-table").tBodies[0];
     body.replaceChildren();
     if (!runs.length) {
-      body.append(el("tr", {}, el("td", { colspan: 10, class: "empty" }, "No runs reported in this namespace yet.")));
+      body.append(el("tr", {}, el("td", { colspan: 11, class: "empty" }, "No runs reported in this namespace yet.")));
       return;
     }
     for (const r of runs.slice(0, 25)) {
       const tr = el("tr", { class: "clickable" + (r.run_id === state.selectedRun ? " selected" : ""), "data-run": r.run_id, onclick: () => showRun(r.run_id) },
         el("td", { class: "mono" }, r.run_id),
         el("td", {}, r.workload || (r.workloads || []).join(", ")),
+        el("td", { class: "env" }, (r.environments || []).map(envLabel).join("; ")),
         el("td", {}, fmtTime(r.ended_at)),
         el("td", { class: "num" }, r.processes),
         el("td", { class: "num" }, r.hits),
@@ -187,6 +188,11 @@
         el("td", { class: "num" }, r.saved_s.toFixed(1) + " s"));
       body.append(tr);
     }
+  }
+
+  // torch/triton of the processes that reported (a fleet mid-upgrade shows one per version)
+  function envLabel(e) {
+    return `torch ${e.torch || "?"}, triton ${e.triton || "?"}`;
   }
 
   async function showRun(runId) {
@@ -205,7 +211,13 @@
       el("h3", {}, `Run ${run.run_id}: ${fmtRate(run.hit_rate)} hit rate over ${run.processes} process${run.processes === 1 ? "" : "es"}`),
       el("table", { id: "run-layers" },
         el("thead", {}, el("tr", {}, ...["layer", "hits", "misses", "errors", "hit rate", "puts", "down", "up", "saved", "miss reasons", "error kinds"].map((h, i) => el("th", { class: i > 0 && i < 9 ? "num" : "" }, h)))),
-        el("tbody", {}, ...rows)));
+        el("tbody", {}, ...rows)),
+      el("table", { id: "run-environments" },
+        el("thead", {}, el("tr", {}, ...["environment", "processes", "hits", "misses", "errors", "hit rate"].map((h, i) => el("th", { class: i > 0 ? "num" : "" }, h)))),
+        el("tbody", {}, ...(run.environments || []).map((e) => el("tr", {},
+          el("td", {}, envLabel(e)), el("td", { class: "num" }, e.processes), el("td", { class: "num" }, e.hits),
+          el("td", { class: "num" }, e.misses), el("td", { class: "num" + (e.errors ? " bad" : "") }, e.errors),
+          el("td", { class: "num" }, fmtRate(e.hit_rate)))))));
   }
 
   // ---- storage and top kernels --------------------------------------------------------------
