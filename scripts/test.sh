@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, on a fresh machine too: creates .venv, installs kcache with its test
 # dependencies (torch CPU build, triton, SeaweedFS's `weed`, Playwright + Debian chromium for the
-# dashboard test), makes sure Redis answers on 127.0.0.1:6379, then runs ruff, mypy and pytest.
+# dashboard test), makes sure Redis answers on 127.0.0.1:6379, then runs ruff, mypy and pytest,
+# then the torch-touching tests on the oldest and newest supported torch (scripts/torch_matrix.sh).
 # Extra arguments go to pytest (e.g. `bash scripts/test.sh -m "not slow"` for a quick loop).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -33,4 +34,7 @@ fi
 
 ruff check .
 mypy
-exec python -m pytest "$@"
+python -m pytest "$@"
+# The same torch-touching tests on the oldest and newest supported torch (README, "Supported
+# versions"); KCACHE_TORCH_MATRIX="" skips it.
+bash scripts/torch_matrix.sh "$@"

@@ -73,6 +73,12 @@ def _autotuner(tmp_path: Path, configs: list[Config]) -> Any:
     autotuner.compile_results = [_static_result(c) for c in configs]
     autotuner.fn = _Fn()
     autotuner.compiled_now = []
+    # torch 2.15's recheck asks the lazily computed ``_could_rblock_scale``, which reads
+    # ``size_hints``, ``heuristic_type`` and ``device_props`` that __init__ sets on a real one;
+    # a pointwise kernel never rescales its rblock. Older torches never read these.
+    autotuner.size_hints = {"x": 1024}
+    autotuner.heuristic_type = "pointwise"
+    autotuner._could_rblock_scale = False
 
     def precompile_config(cfg: Config) -> Any:
         autotuner.compiled_now.append(cfg)
