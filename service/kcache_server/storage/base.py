@@ -14,6 +14,7 @@ Backends translate their SDK's errors at this boundary: "the backend is down or 
 
 from __future__ import annotations
 
+import builtins
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
@@ -128,7 +129,8 @@ class Index(ABC):
     @abstractmethod
     def ping(self) -> None: ...
 
-    def missing(self, namespace: str, kind: str, keys: list[str]) -> list[str]:
+    def missing(self, namespace: str, kind: str, keys: builtins.list[str]) -> builtins.list[str]:
+        # builtins.list: inside this class ``list`` names the method above
         found = self.get_many(namespace, kind, keys)
         return [k for k in keys if k not in found]
 
