@@ -12,7 +12,7 @@ import pytest
 from fastapi.testclient import TestClient
 from kcache_schemas.pack import pack_kernel_dir
 from kcache_server.app import create_app
-from kcache_server.metrics import _batch_index, collapse_usage, kind_label
+from kcache_server.metrics import collapse_usage, kind_label
 from kcache_server.settings import Settings
 from kcache_server.storage import BackendUnavailable
 from kcache_server.storage.base import KindUsage
@@ -173,4 +173,3 @@ def test_helpers() -> None:
     assert kind_label("entry/fx-graph") == "entry/fx-graph" and kind_label("kernel") == "kernel"
     assert collapse_usage({"run/a": KindUsage(2, 10), "run": KindUsage(1, 5), "kernel": KindUsage(1, 1)}) == {
         "kernel": KindUsage(1, 1), "run": KindUsage(3, 15)}
-    assert _batch_index(b"") is None and _batch_index(b"x" * 600) is None

@@ -23,11 +23,22 @@ def _client(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     return KcacheClient(ClientConfig(**{**config.__dict__, "read_timeout_s": max(config.read_timeout_s, 30.0), "connect_timeout_s": max(config.connect_timeout_s, 5.0)}))
 
 
+SERVE_ENTRY_POINTS = "kcache.serve"
+
+
 def _serve(args: argparse.Namespace) -> int:
+    """Run the service found through the ``kcache.serve`` entry point (the ``kcache`` distribution
+    declares it; the client-only ``kcache-client`` does not): the client never imports it."""
+    from importlib.metadata import entry_points
+
+    found = list(entry_points(group=SERVE_ENTRY_POINTS))
     try:
-        from kcache_server.server import serve
+        serve = found[0].load() if found else None
     except ImportError as exc:
-        print(f"kcache serve needs the service install ({exc.name} is missing): pip install kcache", file=sys.stderr)
+        print(f"kcache serve: the service is installed but {exc.name} is missing: pip install kcache", file=sys.stderr)
+        return 2
+    if serve is None:
+        print("kcache serve needs the service, which this install lacks (kcache-client is the client alone): pip install kcache", file=sys.stderr)
         return 2
     serve({"host": args.host, "port": args.port, "data_dir": args.data_dir, "workers": args.workers, "log_level": args.log_level})
     return 0
@@ -157,12 +168,13 @@ def _warm(args: argparse.Namespace) -> int:
 
 def _ls_workloads(args: argparse.Namespace) -> int:
     """Workloads with the environments (fingerprints) their runs were recorded in."""
+    from kcache_schemas import wire
     from kcache_schemas.models import WorkloadSummary
 
     from kcache.fingerprint import current
 
     client = _client(args)
-    body = client.get_json(f"/v1/{client.config.namespace}/workloads")
+    body = client.get_json(wire.path(wire.WORKLOADS, namespace=client.config.namespace))
     summaries = [WorkloadSummary.model_validate(item) for item in body]
     if args.json:
         print(json.dumps([w.model_dump(mode="json") for w in summaries], indent=2))

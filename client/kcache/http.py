@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 import httpx
-from kcache_schemas import EntryInfo, InvalidKeyError, KernelEntry, normalize_kernel_key
+from kcache_schemas import EntryInfo, InvalidKeyError, KernelEntry, normalize_kernel_key, wire
 from kcache_schemas.pack import DEFAULT_LIMITS, MEDIA_TYPE
 
 from kcache import __version__
@@ -148,19 +148,19 @@ class KcacheClient:
     # ---- kernels --------------------------------------------------------------------------
 
     def get_pack(self, key: str) -> bytes:
-        return self._request("GET", f"/v1/{self._ns}/kernels/{key}").content
+        return self._request("GET", wire.path(wire.KERNEL, namespace=self._ns, key=key)).content
 
     def put_pack(self, key: str, pack: bytes) -> bool:
         """Upload; True if newly stored, False if identical content was already there."""
-        r = self._request("PUT", f"/v1/{self._ns}/kernels/{key}", content=pack, headers={"Content-Type": MEDIA_TYPE})
+        r = self._request("PUT", wire.path(wire.KERNEL, namespace=self._ns, key=key), content=pack, headers={"Content-Type": MEDIA_TYPE})
         return r.status_code == 201
 
     def manifest(self, key: str) -> KernelEntry:
-        return KernelEntry.model_validate_json(self._request("GET", f"/v1/{self._ns}/kernels/{key}/manifest").content)
+        return KernelEntry.model_validate_json(self._request("GET", wire.path(wire.KERNEL_MANIFEST, namespace=self._ns, key=key)).content)
 
     def exists(self, key: str) -> bool:
         try:
-            self._request("HEAD", f"/v1/{self._ns}/kernels/{key}")
+            self._request("HEAD", wire.path(wire.KERNEL, namespace=self._ns, key=key))
             return True
         except NotFound:
             return False
@@ -169,7 +169,7 @@ class KcacheClient:
         keys = list(dict.fromkeys(keys))
         out: list[str] = []
         for i in range(0, len(keys), _MISSING_BATCH):
-            r = self._request("POST", f"/v1/{self._ns}/kernels:missing", json={"keys": keys[i : i + _MISSING_BATCH]})
+            r = self._request("POST", wire.path(wire.KERNELS_MISSING, namespace=self._ns), json={"keys": keys[i : i + _MISSING_BATCH]})
             body = r.json()
             out += body["missing"] + body.get("invalid", [])
         return out
@@ -187,16 +187,16 @@ class KcacheClient:
                 with contextlib.suppress(InvalidKeyError):
                     wanted.add(normalize_kernel_key(k))
             try:
-                with self._http.stream("POST", f"/v1/{self._ns}/kernels:batch-get", json={"keys": keys[i : i + _BATCH_GET]}) as r:
+                with self._http.stream("POST", wire.path(wire.KERNELS_BATCH_GET, namespace=self._ns), json={"keys": keys[i : i + _BATCH_GET]}) as r:
                     if r.status_code >= 400:
                         r.read()
                         raise_for_status(r)
                     with tarfile.open(fileobj=io.BufferedReader(_ByteStream(r.iter_raw()), 1 << 20), mode="r|") as tf:
                         for member in tf:
                             fh = tf.extractfile(member)
-                            if fh is None or not member.name.endswith(".kpack"):
+                            key = wire.batch_member_key(member.name)
+                            if fh is None or key is None:
                                 continue
-                            key = member.name[: -len(".kpack")]
                             if key not in wanted:
                                 raise InvalidPack(f"batch-get answered {member.name[:80]!r}, which was not asked for")
                             yield key, fh.read()
@@ -212,7 +212,7 @@ class KcacheClient:
     def list_kernels(self, prefix: str = "", page_size: int = 500) -> Iterator[KernelEntry]:
         cursor = ""
         while True:
-            r = self._request("GET", f"/v1/{self._ns}/kernels", params={"limit": page_size, "cursor": cursor, "prefix": prefix})
+            r = self._request("GET", wire.path(wire.KERNELS, namespace=self._ns), params={"limit": page_size, "cursor": cursor, "prefix": prefix})
             body = r.json()
             for item in body["items"]:
                 yield KernelEntry.model_validate(item)
@@ -224,19 +224,19 @@ class KcacheClient:
 
     def get_entry(self, layer: str, key: str) -> tuple[bytes, float | None]:
         """Entry bytes and the producer's compile time (for "time saved"), or NotFound."""
-        r = self._request("GET", f"/v1/{self._ns}/entries/{layer}/{key}")
-        compile_time = r.headers.get("X-Kcache-Compile-Time")
+        r = self._request("GET", wire.path(wire.ENTRY, namespace=self._ns, layer=layer, key=key))
+        compile_time = r.headers.get(wire.COMPILE_TIME)
         return r.content, float(compile_time) if compile_time else None
 
     def put_entry(self, layer: str, key: str, data: bytes, compile_time_s: float | None = None) -> bool:
-        headers = {"Content-Type": "application/octet-stream", "X-Kcache-Producer": f"kcache/{__version__}"}
+        headers = {"Content-Type": "application/octet-stream", wire.PRODUCER: f"kcache/{__version__}"}
         if compile_time_s is not None:
-            headers["X-Kcache-Compile-Time"] = f"{compile_time_s:.3f}"
-        r = self._request("PUT", f"/v1/{self._ns}/entries/{layer}/{key}", content=data, headers=headers)
+            headers[wire.COMPILE_TIME] = f"{compile_time_s:.3f}"
+        r = self._request("PUT", wire.path(wire.ENTRY, namespace=self._ns, layer=layer, key=key), content=data, headers=headers)
         return r.status_code == 201
 
     def entry_info(self, layer: str, key: str) -> EntryInfo:
-        return EntryInfo.model_validate_json(self._request("GET", f"/v1/{self._ns}/entries/{layer}/{key}/info").content)
+        return EntryInfo.model_validate_json(self._request("GET", wire.path(wire.ENTRY_INFO, namespace=self._ns, layer=layer, key=key)).content)
 
     # ---- generic JSON (workloads, runs) ---------------------------------------------------
 

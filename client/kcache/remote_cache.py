@@ -21,7 +21,7 @@ import re
 import sys
 from typing import Any
 
-from kcache_schemas import InvalidKeyError, normalize_entry_key
+from kcache_schemas import InvalidKeyError, normalize_entry_key, wire
 
 from kcache import fx_graph_entries, patching
 from kcache.after_import import call_after_import, imported
@@ -30,18 +30,19 @@ from kcache.runtime import get_runtime
 
 log = logging.getLogger("kcache.remote_cache")
 
-FX_GRAPH = "fx-graph"
+L = wire.CacheLayer
+FX_GRAPH = L.FX_GRAPH.value
 # layer -> (remote cache class, (config module, switch))
 LAYERS: dict[str, tuple[str, tuple[str, str]]] = {
     FX_GRAPH: ("RemoteFxGraphCache", ("torch._inductor.config", "fx_graph_remote_cache")),
-    "autotune": ("RemoteAutotuneCache", ("torch._inductor.config", "autotune_remote_cache")),
-    "bundled-autotune": ("RemoteBundledAutotuneCache", ("torch._inductor.config", "bundled_autotune_remote_cache")),
-    "aot-autograd": ("RemoteAOTAutogradCache", ("torch._functorch.config", "enable_remote_autograd_cache")),
-    "dynamo-pgo": ("RemoteDynamoPGOCache", ("torch._dynamo.config", "automatic_dynamic_remote_pgo")),
+    L.AUTOTUNE.value: ("RemoteAutotuneCache", ("torch._inductor.config", "autotune_remote_cache")),
+    L.BUNDLED_AUTOTUNE.value: ("RemoteBundledAutotuneCache", ("torch._inductor.config", "bundled_autotune_remote_cache")),
+    L.AOT_AUTOGRAD.value: ("RemoteAOTAutogradCache", ("torch._functorch.config", "enable_remote_autograd_cache")),
+    L.DYNAMO_PGO.value: ("RemoteDynamoPGOCache", ("torch._dynamo.config", "automatic_dynamic_remote_pgo")),
 }
 # Inductor's bundled autotune cache asserts on CPU-only hosts (torch 2.13: _get_backend_hash),
 # so kcache serves it only where a GPU is visible; a cache must never break a compile.
-GPU_ONLY = {"bundled-autotune"}
+GPU_ONLY = {L.BUNDLED_AUTOTUNE.value}
 # Switches Inductor hashes into its own cache keys. Flipping one would make every graph compiled
 # with kcache miss the local caches written without it, and back (KCACHE_MODE=off would mean a
 # full recompile). Inductor's FX key ignores fx_graph_remote_cache and autotune_remote_cache, but
@@ -49,11 +50,11 @@ GPU_ONLY = {"bundled-autotune"}
 # autotune layer carries the same winners, per kernel). AOTAutograd pickles all of
 # torch._functorch.config into its key: kcache leaves enable_remote_autograd_cache unset and
 # answers AOTAutograd's "use the remote cache?" question (the predicate below) instead.
-OPT_IN = {"bundled-autotune"}
+OPT_IN = {L.BUNDLED_AUTOTUNE.value}
 # layer -> (module, predicate, modules that import it by name): wrapped to say yes while kcache
 # serves the layer and the switch is unset
 PREDICATES = {
-    "aot-autograd": (
+    L.AOT_AUTOGRAD.value: (
         "torch._functorch._aot_autograd.autograd_cache",
         "should_use_remote_autograd_cache",
         ("torch._functorch._aot_autograd.graph_compile", "torch._functorch.aot_autograd"),

@@ -21,6 +21,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 from xml.etree import ElementTree as ET
 
+from kcache_schemas import wire
 from kcache_schemas.models import EnvironmentSummary
 
 from kcache import __version__
@@ -360,7 +361,7 @@ def send_run_stats(rt: Runtime, doc: dict[str, Any]) -> bool:
     client = KcacheClient(short)
     try:
         # The report id makes a retry idempotent: the service stores one contribution per id.
-        client.post_json(f"/v1/{cfg.namespace}/runs/{cfg.run_id}/stats", run_report(doc))
+        client.post_json(wire.path(wire.RUN_STATS, namespace=cfg.namespace, run_id=cfg.run_id), run_report(doc))
     finally:
         client.close()
     return True
@@ -379,7 +380,7 @@ def fetch_run(args: argparse.Namespace, run_id: str) -> dict[str, Any]:
     config = replace(config, read_timeout_s=max(config.read_timeout_s, 30.0), connect_timeout_s=max(config.connect_timeout_s, 5.0))
     client = KcacheClient(config)
     try:
-        body = client.get_json(f"/v1/{config.namespace}/runs/{run_id}")
+        body = client.get_json(wire.path(wire.RUN, namespace=config.namespace, run_id=run_id))
     finally:
         client.close()
     return body if isinstance(body, dict) else {}

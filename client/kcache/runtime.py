@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
-from kcache_schemas import KernelManifest, PackError, Producer
+from kcache_schemas import KernelManifest, PackError, Producer, wire
 
 if TYPE_CHECKING:
     from kcache.workload import Prefetcher
@@ -34,7 +34,7 @@ from kcache.stats import Stats
 from kcache.uploader import EntryUpload, KernelDirUpload, KernelUpload, Uploader
 
 log = logging.getLogger("kcache")
-KERNEL_LAYER = "kernel"
+KERNEL_LAYER = wire.CacheLayer.KERNEL.value
 T = TypeVar("T")
 
 

@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kcache_schemas import wire
 from triton.runtime.cache import FileCacheManager
 
 from kcache._process import in_inductor_compile_worker
@@ -35,7 +36,7 @@ from kcache.failopen import warn_once
 if TYPE_CHECKING:
     from kcache.runtime import Runtime
 
-HOST_MODULE_LAYER = "triton-module"
+HOST_MODULE_LAYER = wire.CacheLayer.TRITON_MODULE.value
 
 
 def is_host_module(filename: str) -> bool:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from kcache_schemas import PackError, Producer
+from kcache_schemas import PackError, Producer, wire
 from kcache_schemas.pack import build_pack, manifest_for_files, read_kernel_dir
 
 from kcache.errors import Conflict, KcacheError
@@ -25,6 +25,7 @@ from kcache.stats import Stats
 
 log = logging.getLogger("kcache.uploader")
 _BATCH = 64
+_KERNEL = wire.CacheLayer.KERNEL.value
 _POLL_S = 0.02
 
 
@@ -63,7 +64,7 @@ class Uploader:
         self._thread.start()
 
     def _first_time(self, item: KernelUpload | KernelDirUpload | EntryUpload) -> bool:
-        ident = (item.layer, item.key) if isinstance(item, EntryUpload) else ("kernel", item.key)
+        ident = (item.layer, item.key) if isinstance(item, EntryUpload) else (_KERNEL, item.key)
         with self._seen_lock:
             if ident in self._seen:
                 return False  # already queued or sent by this process
@@ -87,7 +88,7 @@ class Uploader:
             self._queue.put_nowait(item)
             return True
         except queue.Full:
-            self._stats.put_error(item.layer if isinstance(item, EntryUpload) else "kernel", "queue_full")
+            self._stats.put_error(item.layer if isinstance(item, EntryUpload) else _KERNEL, "queue_full")
             return False
 
     def drop_pending(self) -> int:
@@ -98,7 +99,7 @@ class Uploader:
                 item = self._queue.get_nowait()
             except queue.Empty:
                 return dropped
-            self._stats.put_error(item.layer if isinstance(item, EntryUpload) else "kernel", "dropped_at_exit")
+            self._stats.put_error(item.layer if isinstance(item, EntryUpload) else _KERNEL, "dropped_at_exit")
             self._queue.task_done()
             dropped += 1
 
@@ -142,7 +143,7 @@ class Uploader:
                 missing = set(self._client.missing([k.key for k in kernels]))
             except KcacheError as exc:
                 for _ in kernels:
-                    self._stats.put_error("kernel", type(exc).__name__)
+                    self._stats.put_error(_KERNEL, type(exc).__name__)
                 kernels = []
             else:
                 kernels = [k for k in kernels if k.key in missing]
@@ -164,19 +165,19 @@ class Uploader:
         except PackError as exc:
             # e.g. a dir whose paths could not be made path-free: not portable, so not shared.
             log.debug("kcache: not uploading %s: %s", item.key, exc)
-            self._stats.put_error("kernel", "unportable")
+            self._stats.put_error(_KERNEL, "unportable")
             return
         except OSError as exc:
             log.debug("kcache: could not read %s: %s", item.key, exc)
-            self._stats.put_error("kernel", "unreadable")
+            self._stats.put_error(_KERNEL, "unreadable")
             return
         pack = build_pack(manifest, files)
         try:
             self._client.put_pack(item.key, pack)
-            self._stats.put("kernel", len(pack))
+            self._stats.put(_KERNEL, len(pack))
             if self._on_uploaded:
                 self._on_uploaded(item.key)
         except Conflict:
             pass
         except KcacheError as exc:
-            self._stats.put_error("kernel", type(exc).__name__)
+            self._stats.put_error(_KERNEL, type(exc).__name__)

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from kcache_schemas import PackError
+from kcache_schemas import PackError, wire
 from kcache_schemas.models import WorkloadManifest, WorkloadView
 
 from kcache.emitter import emit_pack
@@ -34,12 +34,12 @@ from kcache.http import KcacheClient
 from kcache.local_store import LocalEntryStore
 
 log = logging.getLogger("kcache.workload")
-KERNEL_LAYER = "kernel"
+KERNEL_LAYER = wire.CacheLayer.KERNEL.value
 
 
 def fetch_view(client: KcacheClient, name: str) -> WorkloadView | None:
     try:
-        body = client.get_json(f"/v1/{client.config.namespace}/workloads/{name}", fingerprint=current().id)
+        body = client.get_json(wire.path(wire.WORKLOAD, namespace=client.config.namespace, name=name), fingerprint=current().id)
     except NotFound:
         return None
     return WorkloadView.model_validate(body)
@@ -50,7 +50,7 @@ def publish(client: KcacheClient, name: str, kernels: set[str], entries: set[tup
         {"name": name, "fingerprint": current().model_dump(), "kernels": sorted(kernels),
          "entries": [{"layer": layer, "key": key} for layer, key in sorted(entries)]}
     )
-    client.put_json(f"/v1/{client.config.namespace}/workloads/{name}", manifest.model_dump_json())
+    client.put_json(wire.path(wire.WORKLOAD, namespace=client.config.namespace, name=name), manifest.model_dump_json())
 
 
 def pull_workload(

@@ -1,9 +1,11 @@
-"""kcache wire contract: pydantic models and the kernel pack format.
+"""kcache wire contract: pydantic models, the kernel pack format, and the HTTP wire (``wire``:
+routes, headers, layer names, the batch-get layout).
 
 Shared by the client (``kcache``) and the service (``kcache_server``); depends on nothing of
 ours, and only on pydantic and zstandard from outside.
 """
 
+from kcache_schemas import wire
 from kcache_schemas.errors import ErrorCode, PackError
 from kcache_schemas.keys import (
     InvalidKeyError,
@@ -42,4 +44,5 @@ __all__ = [
     "validate_layer",
     "validate_namespace",
     "validate_workload_name",
+    "wire",
 ]

@@ -5,7 +5,7 @@
   (``/v1/{namespace}/kernels/{key}``), so label sets stay bounded whatever clients ask for.
 * ``kcache_lookups_total{layer,result}``: cache lookups, ``result`` ``hit`` or ``miss``. A kernel
   ``GET``/``HEAD`` that finds the pack is a hit, a 404 a miss; each key of a ``kernels:batch-get``
-  counts once (found or missing, read from the stream's leading ``index.json``); entry
+  counts once (found or missing, as the route counted them: ``record_batch_lookups``); entry
   ``GET``/``HEAD`` count under their layer. Manifest/file views (the dashboard) are not lookups.
 * ``kcache_bytes_received_total{layer}``, ``kcache_bytes_sent_total{layer}``: body bytes; ``layer``
   is ``kernel``, an entry layer, or ``api`` for everything else.
@@ -21,7 +21,6 @@ The middleware is plain ASGI (no ``BaseHTTPMiddleware``), so streamed responses 
 from __future__ import annotations
 
 import inspect
-import json
 import logging
 import os
 import threading
@@ -30,6 +29,7 @@ from collections.abc import Awaitable, Callable, Iterator, MutableMapping
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request, Response
+from kcache_schemas import wire
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -53,13 +53,10 @@ ASGIApp = Callable[[Scope, Callable[[], Awaitable[Message]], Callable[[Message],
 
 # Label values for layers come from a fixed set: a client asking for /entries/<random>/x must not
 # mint new time series.
-KNOWN_LAYERS = frozenset({"kernel", "fx-graph", "autotune", "bundled-autotune", "aot-autograd", "dynamo-pgo", "triton-module"})
-KERNEL_ROUTE = "/v1/{namespace}/kernels/{key}"
-ENTRY_ROUTE = "/v1/{namespace}/entries/{layer}/{key}"
-BATCH_ROUTE = "/v1/{namespace}/kernels:batch-get"
+KNOWN_LAYERS = frozenset(layer.value for layer in wire.CacheLayer)
+KERNEL_LAYER = wire.CacheLayer.KERNEL.value
 UNMATCHED = "unmatched"
 _BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
-_BATCH_HEAD_LIMIT = 1 << 20  # the leading index.json of a batch-get stream (keys only)
 
 
 def kind_label(kind: str) -> str:
@@ -142,7 +139,7 @@ class Metrics:
         build = Gauge("kcache_build_info", "kcache service version", ["version"], registry=r)
         build.labels(__version__).set(1)
         for result in ("hit", "miss"):  # so rates are defined from the first scrape
-            self.lookups.labels("kernel", result)
+            self.lookups.labels(KERNEL_LAYER, result)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
@@ -155,24 +152,19 @@ def _template(scope: Scope) -> str:
 
 def _layer_of(template: str, scope: Scope) -> str:
     if "/kernels" in template:
-        return "kernel"
-    if template.startswith("/v1/{namespace}/entries/{layer}"):
+        return KERNEL_LAYER
+    if template.startswith(wire.ENTRY):
         return layer_label(str(scope.get("path_params", {}).get("layer", "")))
     return "api"
 
 
-def _batch_index(head: bytes) -> dict[str, Any] | None:
-    """The ``index.json`` that leads a batch-get tar stream: a 512-byte ustar header, then data."""
-    if len(head) < 512 or head[:10] != b"index.json":
-        return None
-    try:
-        size = int(head[124:136].rstrip(b"\0 ").decode() or "0", 8)
-        if len(head) < 512 + size:
-            return None
-        body = json.loads(head[512 : 512 + size])
-    except ValueError:
-        return None
-    return body if isinstance(body, dict) else None
+# A route that answers many lookups in one response (kernels:batch-get) leaves its counts here,
+# in the request's state: the middleware records them instead of re-reading the response.
+BATCH_LOOKUPS = "kcache_batch_lookups"
+
+
+def record_batch_lookups(request: Request, found: int, missing: int) -> None:
+    setattr(request.state, BATCH_LOOKUPS, (found, missing))
 
 
 class MetricsMiddleware:
@@ -185,7 +177,7 @@ class MetricsMiddleware:
             return
         m = self.metrics
         start = time.perf_counter()
-        state: dict[str, Any] = {"status": 500, "received": 0, "sent": 0, "head": bytearray()}
+        state: dict[str, Any] = {"status": 500, "received": 0, "sent": 0}
 
         async def counting_receive() -> Message:
             message = await receive()
@@ -199,9 +191,6 @@ class MetricsMiddleware:
             elif message["type"] == "http.response.body":
                 body = message.get("body", b"")
                 state["sent"] += len(body)
-                head: bytearray = state["head"]
-                if len(head) < _BATCH_HEAD_LIMIT and _template(scope) == BATCH_ROUTE:
-                    head += body[: _BATCH_HEAD_LIMIT - len(head)]
             await send(message)
 
         m.in_flight.inc()
@@ -224,20 +213,20 @@ class MetricsMiddleware:
             m.bytes_received.labels(layer).inc(state["received"])
         if state["sent"]:
             m.bytes_sent.labels(layer).inc(state["sent"])
-        if method in ("GET", "HEAD") and template in (KERNEL_ROUTE, ENTRY_ROUTE):
+        if method in ("GET", "HEAD") and template in (wire.KERNEL, wire.ENTRY):
             if status in (200, 307):
                 m.lookups.labels(layer, "hit").inc()
             elif status == 404:
                 m.lookups.labels(layer, "miss").inc()
-        elif template == BATCH_ROUTE and status == 200:
-            index = _batch_index(bytes(state["head"]))
-            if index is not None:
-                found, missing = len(index.get("found", [])), len(index.get("missing", []))
+        elif template == wire.KERNELS_BATCH_GET and status == 200:
+            counts = scope.get("state", {}).get(BATCH_LOOKUPS)
+            if counts is not None:
+                found, missing = counts
                 if found:
-                    m.lookups.labels("kernel", "hit").inc(found)
+                    m.lookups.labels(KERNEL_LAYER, "hit").inc(found)
                 if missing:
-                    m.lookups.labels("kernel", "miss").inc(missing)
-        elif template == "/v1/{namespace}/runs/{run_id}/stats" and method == "POST" and status in (200, 201):
+                    m.lookups.labels(KERNEL_LAYER, "miss").inc(missing)
+        elif template == wire.RUN_STATS and method == "POST" and status in (200, 201):
             m.run_reports.inc()
 
 

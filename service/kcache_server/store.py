@@ -17,7 +17,15 @@ from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from kcache_schemas import EntryInfo, ErrorCode, KernelEntry, KernelManifest, PackLimits, Producer
+from kcache_schemas import (
+    EntryInfo,
+    ErrorCode,
+    KernelEntry,
+    KernelManifest,
+    PackLimits,
+    Producer,
+    wire,
+)
 from kcache_schemas.pack import read_pack
 
 from kcache_server.errors import ApiError, not_found
@@ -25,7 +33,7 @@ from kcache_server.storage import BackendUnavailable, BlobNotFound, BlobStore, I
 
 log = logging.getLogger("kcache_server.store")
 
-KERNEL = "kernel"
+KERNEL = wire.CacheLayer.KERNEL.value
 
 
 def entry_kind(layer: str) -> str:

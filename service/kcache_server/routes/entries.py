@@ -9,7 +9,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Header, Request, Response
 from fastapi.concurrency import run_in_threadpool
-from kcache_schemas import EntryInfo, Producer
+from kcache_schemas import EntryInfo, Producer, wire
 
 from kcache_server.deps import (
     CanAdmin,
@@ -24,17 +24,17 @@ from kcache_server.deps import (
 )
 from kcache_server.store import entry_kind
 
-router = APIRouter(prefix="/v1/{namespace}/entries", tags=["entries"])
+router = APIRouter(tags=["entries"])
 
 
 def _headers(info: EntryInfo) -> dict[str, str]:
     headers = {"ETag": f'"{info.sha256}"', "Cache-Control": "public, max-age=31536000, immutable"}
     if info.producer.compile_time_s is not None:
-        headers["X-Kcache-Compile-Time"] = f"{info.producer.compile_time_s:.3f}"
+        headers[wire.COMPILE_TIME] = f"{info.producer.compile_time_s:.3f}"
     return headers
 
 
-@router.put("/{layer}/{key}", status_code=201, response_model=EntryInfo, summary="Store an entry (write-once)")
+@router.put(wire.ENTRY, status_code=201, response_model=EntryInfo, summary="Store an entry (write-once)")
 async def put_entry(
     request: Request, response: Response, namespace: Namespace, layer: Layer, key: EntryKey,
     store: StoreDep, settings: SettingsDep, _: CanWrite,
@@ -48,25 +48,25 @@ async def put_entry(
     return info
 
 
-@router.get("/{layer}/{key}", summary="Fetch an entry's bytes", response_class=Response)
+@router.get(wire.ENTRY, summary="Fetch an entry's bytes", response_class=Response)
 def get_entry(namespace: Namespace, layer: Layer, key: EntryKey, store: StoreDep, _: CanRead) -> Response:
     record, data = store.entry_bytes(namespace, layer, key)
     return Response(data, media_type="application/octet-stream", headers=_headers(EntryInfo.model_validate_json(record.meta)))
 
 
-@router.head("/{layer}/{key}", summary="Whether an entry exists")
+@router.head(wire.ENTRY, summary="Whether an entry exists")
 def head_entry(namespace: Namespace, layer: Layer, key: EntryKey, store: StoreDep, _: CanRead) -> Response:
     record = store.entry_record(namespace, layer, key)
     info = EntryInfo.model_validate_json(record.meta)
     return Response(status_code=200, headers=_headers(info) | {"Content-Length": str(record.size)})
 
 
-@router.get("/{layer}/{key}/info", response_model=EntryInfo, summary="An entry's metadata")
+@router.get(wire.ENTRY_INFO, response_model=EntryInfo, summary="An entry's metadata")
 def entry_info(namespace: Namespace, layer: Layer, key: EntryKey, store: StoreDep, _: CanRead) -> EntryInfo:
     return EntryInfo.model_validate_json(store.entry_record(namespace, layer, key).meta)
 
 
-@router.delete("/{layer}/{key}", status_code=204, summary="Remove an entry (admin)")
+@router.delete(wire.ENTRY, status_code=204, summary="Remove an entry (admin)")
 def delete_entry(namespace: Namespace, layer: Layer, key: EntryKey, store: StoreDep, _: CanAdmin) -> Response:
     store.delete(namespace, entry_kind(layer), key)
     return Response(status_code=204)

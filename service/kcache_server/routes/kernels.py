@@ -14,7 +14,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import RedirectResponse, StreamingResponse
-from kcache_schemas import InvalidKeyError, KernelEntry, normalize_kernel_key
+from kcache_schemas import InvalidKeyError, KernelEntry, normalize_kernel_key, wire
 from kcache_schemas.models import (
     BatchGetRequest,
     KernelList,
@@ -34,10 +34,11 @@ from kcache_server.deps import (
     StoreDep,
     read_body,
 )
+from kcache_server.metrics import record_batch_lookups
 from kcache_server.storage import BlobNotFound
 from kcache_server.store import KERNEL, CacheStore
 
-router = APIRouter(prefix="/v1/{namespace}", tags=["kernels"])
+router = APIRouter(tags=["kernels"])
 
 _BATCH_CHUNK = 256 << 10
 _FETCH_AHEAD = 16
@@ -47,13 +48,13 @@ _TEXT_SUFFIXES = (".source", ".ttir", ".ttgir", ".llir", ".ptx", ".amdgcn", ".js
 def _entry_headers(entry: KernelEntry) -> dict[str, str]:
     return {
         "ETag": f'"{entry.content_digest}"',
-        "X-Kcache-Total-Size": str(entry.total_size),
-        "X-Kcache-Target": f"{entry.target.device_type.value}:{entry.target.arch}:{entry.target.warp_size}",
+        wire.TOTAL_SIZE: str(entry.total_size),
+        wire.TARGET: f"{entry.target.device_type.value}:{entry.target.arch}:{entry.target.warp_size}",
         "Cache-Control": "public, max-age=31536000, immutable",
     }
 
 
-@router.put("/kernels/{key}", status_code=201, response_model=KernelEntry, summary="Upload a kernel pack")
+@router.put(wire.KERNEL, status_code=201, response_model=KernelEntry, summary="Upload a kernel pack")
 async def put_kernel(
     request: Request, response: Response, namespace: Namespace, key: KernelKey,
     store: StoreDep, settings: SettingsDep, _: CanWrite,
@@ -66,7 +67,7 @@ async def put_kernel(
     return entry
 
 
-@router.get("/kernels/{key}", summary="Download a kernel pack", response_class=Response,
+@router.get(wire.KERNEL, summary="Download a kernel pack", response_class=Response,
             responses={200: {"content": {MEDIA_TYPE: {}}}, 307: {"description": "presigned blob URL"}})
 def get_kernel(namespace: Namespace, key: KernelKey, store: StoreDep, settings: SettingsDep, _: CanRead) -> Response:
     if settings.presigned_downloads:
@@ -80,19 +81,19 @@ def get_kernel(namespace: Namespace, key: KernelKey, store: StoreDep, settings: 
     return Response(data, media_type=MEDIA_TYPE, headers=_entry_headers(entry))
 
 
-@router.head("/kernels/{key}", summary="Whether a kernel exists, and its pack size")
+@router.head(wire.KERNEL, summary="Whether a kernel exists, and its pack size")
 def head_kernel(namespace: Namespace, key: KernelKey, store: StoreDep, _: CanRead) -> Response:
     entry = store.kernel_entry(namespace, key)
     headers = _entry_headers(entry) | {"Content-Length": str(entry.pack_size)}
     return Response(status_code=200, media_type=MEDIA_TYPE, headers=headers)
 
 
-@router.get("/kernels/{key}/manifest", response_model=KernelEntry, summary="A kernel's manifest")
+@router.get(wire.KERNEL_MANIFEST, response_model=KernelEntry, summary="A kernel's manifest")
 def get_manifest(namespace: Namespace, key: KernelKey, store: StoreDep, _: CanRead) -> KernelEntry:
     return store.kernel_entry(namespace, key)
 
 
-@router.get("/kernels/{key}/files/{filename}", summary="One raw file of a kernel (e.g. the .ptx)")
+@router.get(wire.KERNEL_FILE, summary="One raw file of a kernel (e.g. the .ptx)")
 def get_file(namespace: Namespace, key: KernelKey, filename: str, store: StoreDep, _: CanRead) -> Response:
     try:
         validate_filename(filename)
@@ -104,7 +105,7 @@ def get_file(namespace: Namespace, key: KernelKey, filename: str, store: StoreDe
     return Response(data, media_type=media, headers={"Content-Disposition": f'inline; filename="{filename}"'})
 
 
-@router.delete("/kernels/{key}", status_code=204, summary="Remove a kernel (admin)")
+@router.delete(wire.KERNEL, status_code=204, summary="Remove a kernel (admin)")
 def delete_kernel(namespace: Namespace, key: KernelKey, store: StoreDep, _: CanAdmin) -> Response:
     store.delete(namespace, KERNEL, key)
     return Response(status_code=204)
@@ -120,7 +121,7 @@ def _split_keys(raw: list[str]) -> tuple[list[str], list[str]]:
     return valid, invalid
 
 
-@router.post("/kernels:missing", response_model=MissingResponse, summary="Which of these keys are not stored")
+@router.post(wire.KERNELS_MISSING, response_model=MissingResponse, summary="Which of these keys are not stored")
 def missing_kernels(body: MissingRequest, namespace: Namespace, store: StoreDep, _: CanRead) -> MissingResponse:
     valid, invalid = _split_keys(body.keys)
     return MissingResponse(missing=store.missing_kernels(namespace, valid), invalid=invalid)
@@ -153,15 +154,16 @@ def _fetch_ahead(store: CacheStore, wanted: list[tuple[str, str]]) -> Iterator[t
             yield key, future.result()
 
 
-@router.post("/kernels:batch-get", summary="Many packs in one streamed response",
+@router.post(wire.KERNELS_BATCH_GET, summary="Many packs in one streamed response",
              response_class=StreamingResponse, responses={200: {"content": {"application/x-tar": {}}}})
-def batch_get(body: BatchGetRequest, namespace: Namespace, store: StoreDep, _: CanRead) -> StreamingResponse:
+def batch_get(request: Request, body: BatchGetRequest, namespace: Namespace, store: StoreDep, _: CanRead) -> StreamingResponse:
     """An uncompressed tar stream: first ``index.json`` (``{"found": [...], "missing": [...],
     "invalid": [...]}``), then ``<key>.kpack`` for each found key, in that order. Packs are
     already compressed, so the outer tar adds only headers."""
     valid, invalid = _split_keys(body.keys)
     records = store.index.get_many(namespace, KERNEL, list(dict.fromkeys(valid)))
     found = [k for k in dict.fromkeys(valid) if k in records]
+    record_batch_lookups(request, len(found), len(dict.fromkeys(valid)) - len(found))
 
     def stream() -> Iterator[bytes]:
         buf = io.BytesIO()
@@ -177,7 +179,7 @@ def batch_get(body: BatchGetRequest, namespace: Namespace, store: StoreDep, _: C
             return out
 
         missing = [k for k in dict.fromkeys(valid) if k not in records]
-        yield add("index.json", json.dumps({"found": found, "missing": missing, "invalid": invalid}).encode())
+        yield add(wire.BATCH_INDEX, json.dumps({"found": found, "missing": missing, "invalid": invalid}).encode())
         # Starlette runs each step of a sync iterator in the threadpool: one hop per pack was
         # most of the time of a bulk pull. Hand over about _BATCH_CHUNK bytes at a time.
         pending: list[bytes] = []
@@ -186,7 +188,7 @@ def batch_get(body: BatchGetRequest, namespace: Namespace, store: StoreDep, _: C
             if data is None:
                 # Vanished between lookup and read: leave it out; the client treats it as a miss.
                 continue
-            pending.append(add(f"{key}.kpack", data))
+            pending.append(add(wire.batch_member(key), data))
             size += len(pending[-1])
             if size >= _BATCH_CHUNK:
                 yield b"".join(pending)
@@ -199,7 +201,7 @@ def batch_get(body: BatchGetRequest, namespace: Namespace, store: StoreDep, _: C
     return StreamingResponse(stream(), media_type="application/x-tar")
 
 
-@router.get("/kernels", response_model=KernelList, summary="List kernels (paginated)")
+@router.get(wire.KERNELS, response_model=KernelList, summary="List kernels (paginated)")
 def list_kernels(
     namespace: Namespace, store: StoreDep, _: CanRead,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,

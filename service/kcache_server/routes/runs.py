@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
-from kcache_schemas import ErrorCode
+from kcache_schemas import ErrorCode, wire
 from kcache_schemas.models import (
     KernelEntry,
     RunAggregate,
@@ -37,7 +37,7 @@ from kcache_server.metrics import collapse_usage
 from kcache_server.storage import Index, IndexRecord
 from kcache_server.store import KERNEL, CacheStore
 
-router = APIRouter(prefix="/v1", tags=["runs"])
+router = APIRouter(tags=["runs"])
 
 RUN = "run"
 _PAGE = 1000
@@ -131,7 +131,7 @@ def _store_report(store: CacheStore, namespace: str, run_id: str, report: RunSta
     return key, stored.created_at == record.created_at
 
 
-@router.post("/{namespace}/runs/{run_id}/stats", status_code=201, summary="Report one process's cache statistics for a run")
+@router.post(wire.RUN_STATS, status_code=201, summary="Report one process's cache statistics for a run")
 async def post_run_stats(request: Request, response: Response, namespace: Namespace, run_id: RunId, store: StoreDep, _: CanWrite) -> dict[str, Any]:
     body = await read_body(request, _MAX_REPORT_BYTES)
     try:
@@ -145,7 +145,7 @@ async def post_run_stats(request: Request, response: Response, namespace: Namesp
     return {"run_id": run_id, "report": key}
 
 
-@router.get("/{namespace}/runs/{run_id}", response_model=RunAggregate, summary="A run's statistics, summed over its processes")
+@router.get(wire.RUN, response_model=RunAggregate, summary="A run's statistics, summed over its processes")
 def get_run(namespace: Namespace, run_id: RunId, store: StoreDep, _: CanRead) -> RunAggregate:
     run = load_run(store.index, namespace, run_id)
     if run is None:
@@ -153,7 +153,7 @@ def get_run(namespace: Namespace, run_id: RunId, store: StoreDep, _: CanRead) ->
     return run
 
 
-@router.get("/{namespace}/runs", response_model=RunList, summary="Recent runs, newest first, with hit rates")
+@router.get(wire.RUNS, response_model=RunList, summary="Recent runs, newest first, with hit rates")
 def list_runs(
     namespace: Namespace, store: StoreDep, _: CanRead,
     limit: Annotated[int, Query(ge=1, le=1000)] = 50,
@@ -171,7 +171,7 @@ def list_runs(
     return RunList(items=items)
 
 
-@router.get("/{namespace}/stats/usage", summary="Entries and bytes stored in the namespace, per kind")
+@router.get(wire.STATS_USAGE, summary="Entries and bytes stored in the namespace, per kind")
 def usage(namespace: Namespace, store: StoreDep, _: CanRead) -> dict[str, Any]:
     kinds = collapse_usage(store.index.usage().get(namespace, {}))
     return {
@@ -197,7 +197,7 @@ def _top_item(record: IndexRecord) -> dict[str, Any]:
     }
 
 
-@router.get("/{namespace}/stats/top", summary="Top kernels by stored size or by hits")
+@router.get(wire.STATS_TOP, summary="Top kernels by stored size or by hits")
 def top_kernels(
     namespace: Namespace, store: StoreDep, _: CanRead,
     by: Annotated[Literal["size", "hits"], Query()] = "size",
@@ -211,7 +211,7 @@ def top_kernels(
     return {"by": by, "scanned": len(records), "items": [_top_item(r) for r in records[:limit]]}
 
 
-@router.get("/namespaces", summary="Namespaces this token may read (for the dashboard)")
+@router.get(wire.NAMESPACES, summary="Namespaces this token may read (for the dashboard)")
 def namespaces(
     store: StoreDep, auth: Annotated[Authenticator, Depends(get_auth)],
     authorization: Annotated[str | None, Header()] = None,

@@ -12,7 +12,7 @@ import json
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Response
-from kcache_schemas import ErrorCode, validate_workload_name
+from kcache_schemas import ErrorCode, validate_workload_name, wire
 from kcache_schemas.models import (
     EntryRef,
     EnvFingerprint,
@@ -25,7 +25,7 @@ from kcache_server.deps import CanRead, CanWrite, Namespace, StoreDep
 from kcache_server.errors import ApiError, not_found
 from kcache_server.storage import IndexRecord
 
-router = APIRouter(prefix="/v1/{namespace}/workloads", tags=["workloads"])
+router = APIRouter(tags=["workloads"])
 _PAGE = 1000
 
 
@@ -48,7 +48,7 @@ def _runs(store: StoreDep, namespace: str, name: str) -> list[IndexRecord]:
     return records
 
 
-@router.put("/{name}", status_code=201, summary="Publish the kernels and entries one run used")
+@router.put(wire.WORKLOAD, status_code=201, summary="Publish the kernels and entries one run used")
 def put_workload(namespace: Namespace, name: WorkloadName, body: WorkloadManifest, store: StoreDep, _: CanWrite, response: Response) -> dict[str, str]:
     if body.name != name:
         raise ApiError(400, ErrorCode.INVALID_REQUEST, f"body names workload {body.name!r}, the URL {name!r}")
@@ -60,7 +60,7 @@ def put_workload(namespace: Namespace, name: WorkloadName, body: WorkloadManifes
     return {"fingerprint": body.fingerprint.id, "run": key}
 
 
-@router.get("/{name}", response_model=WorkloadView, summary="The merged manifest for one environment")
+@router.get(wire.WORKLOAD, response_model=WorkloadView, summary="The merged manifest for one environment")
 def get_workload(
     namespace: Namespace, name: WorkloadName, store: StoreDep, _: CanRead,
     fingerprint: Annotated[str | None, Query(max_length=16, description="environment id; default: the newest run's")] = None,
@@ -84,7 +84,7 @@ def get_workload(
     )
 
 
-@router.get("", response_model=list[WorkloadSummary], summary="Workloads in the namespace")
+@router.get(wire.WORKLOADS, response_model=list[WorkloadSummary], summary="Workloads in the namespace")
 def list_workloads(namespace: Namespace, store: StoreDep, _: CanRead) -> list[WorkloadSummary]:
     kinds = [k for k in store.index.usage().get(namespace, {}) if k.startswith("workload/")]
     out = []

@@ -1,0 +1,75 @@
+"""The HTTP wire, spelled once: route templates, header names, cache layer names, and the layout
+of a batch-get stream. The service declares its routes and labels its metrics with these
+templates; the client builds its request paths from them with :func:`path`
+(huggingface_hub's ``constants.py`` habit). Nothing else in ``client/`` or ``service/`` spells a
+``/v1`` path or an ``X-Kcache-*`` header.
+"""
+
+from __future__ import annotations
+
+import enum
+
+API = "/v1"
+
+# ---- routes (FastAPI templates) ------------------------------------------------------------------
+NAMESPACES = f"{API}/namespaces"
+KERNELS = f"{API}/{{namespace}}/kernels"
+KERNEL = f"{KERNELS}/{{key}}"
+KERNEL_MANIFEST = f"{KERNEL}/manifest"
+KERNEL_FILE = f"{KERNEL}/files/{{filename}}"
+KERNELS_MISSING = f"{KERNELS}:missing"
+KERNELS_BATCH_GET = f"{KERNELS}:batch-get"
+ENTRIES = f"{API}/{{namespace}}/entries"
+ENTRY = f"{ENTRIES}/{{layer}}/{{key}}"
+ENTRY_INFO = f"{ENTRY}/info"
+WORKLOADS = f"{API}/{{namespace}}/workloads"
+WORKLOAD = f"{WORKLOADS}/{{name}}"
+RUNS = f"{API}/{{namespace}}/runs"
+RUN = f"{RUNS}/{{run_id}}"
+RUN_STATS = f"{RUN}/stats"
+STATS_USAGE = f"{API}/{{namespace}}/stats/usage"
+STATS_TOP = f"{API}/{{namespace}}/stats/top"
+
+
+def path(template: str, **params: str) -> str:
+    """A request path from a route template. Every parameter is one of the schemas' validated
+    names (namespace, key, layer, workload, run id: URL-safe by construction)."""
+    return template.format(**params)
+
+
+# ---- headers -----------------------------------------------------------------------------------
+COMPILE_TIME = "X-Kcache-Compile-Time"  # the producer's compile time, seconds: credited as saved
+PRODUCER = "X-Kcache-Producer"  # kcache/<version> of the uploading client
+TOTAL_SIZE = "X-Kcache-Total-Size"  # a kernel's unpacked size, on HEAD/GET
+TARGET = "X-Kcache-Target"  # device_type:arch:warp_size of a kernel
+
+
+# ---- cache layers ------------------------------------------------------------------------------
+class CacheLayer(str, enum.Enum):
+    """What kcache caches: kernel dirs, and the opaque entries of Inductor's and Triton's caches."""
+
+    KERNEL = "kernel"
+    FX_GRAPH = "fx-graph"
+    AUTOTUNE = "autotune"
+    BUNDLED_AUTOTUNE = "bundled-autotune"
+    AOT_AUTOGRAD = "aot-autograd"
+    DYNAMO_PGO = "dynamo-pgo"
+    TRITON_MODULE = "triton-module"
+
+
+ENTRY_LAYERS = tuple(layer.value for layer in CacheLayer if layer is not CacheLayer.KERNEL)
+
+
+# ---- kernels:batch-get -------------------------------------------------------------------------
+# A tar stream: ``index.json`` first, then ``<key>.kpack`` per found key.
+BATCH_INDEX = "index.json"
+BATCH_PACK_SUFFIX = ".kpack"
+
+
+def batch_member(key: str) -> str:
+    return key + BATCH_PACK_SUFFIX
+
+
+def batch_member_key(name: str) -> str | None:
+    """The key a batch-get member carries, or None for a member that is not a pack."""
+    return name[: -len(BATCH_PACK_SUFFIX)] if name.endswith(BATCH_PACK_SUFFIX) else None
