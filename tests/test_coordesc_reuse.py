@@ -203,11 +203,13 @@ def test_on_this_torch_the_real_recheck_and_the_wrapper_agree(tmp_path) -> None:
 
 def test_switched_off_and_uninstall_restore_inductor(monkeypatch) -> None:
     original_recheck, original_check = th.CachingAutotuner.recheck_autotune_cache, th.check_autotune_cache
+    from kcache.config import ClientConfig
+
     monkeypatch.setenv("KCACHE_COORDESC_REUSE", "0")
-    assert not coordesc_reuse.install()
+    assert not coordesc_reuse.install(ClientConfig.from_env().coordesc_reuse)
     assert th.CachingAutotuner.recheck_autotune_cache is original_recheck
     monkeypatch.delenv("KCACHE_COORDESC_REUSE")
-    assert coordesc_reuse.install()
+    assert coordesc_reuse.install(ClientConfig.from_env().coordesc_reuse)
     assert th.CachingAutotuner.recheck_autotune_cache is not original_recheck
     coordesc_reuse.uninstall()
     assert th.CachingAutotuner.recheck_autotune_cache is original_recheck and th.check_autotune_cache is original_check

@@ -18,11 +18,11 @@ TRITON_MANAGER = "kcache.triton_manager:KcacheCacheManager"
 _env_before: dict[str, str | None] = {}  # KCACHE_* values install() replaced
 
 
-def use_triton_manager() -> None:
+def use_triton_manager(config: ClientConfig) -> None:
     """Route Triton's cache lookups through kcache's tiered manager unless the user chose one.
 
     Set in the environment so Inductor's compile worker processes inherit it."""
-    if os.environ.get("KCACHE_TRITON_MANAGER", "1") != "0":
+    if config.triton_manager:
         os.environ.setdefault("TRITON_CACHE_MANAGER", TRITON_MANAGER)
 
 
@@ -39,20 +39,20 @@ def activate(**overrides: Any) -> bool:
     # The hooks look the runtime up on every call: a second install() with other options is
     # the one they use from now on.
     ensure_runtime(config)
-    use_triton_manager()
+    use_triton_manager(config)
     if "torch" in sys.modules or importlib.util.find_spec("torch") is not None:
         with guard("could not hook TritonBundler"):
             from kcache.bundler_hooks import install_bundler_hooks
 
             install_bundler_hooks()
         with guard("could not serve Inductor's remote caches"):
-            from kcache.remote_cache import install_remote_caches
+            from kcache.remote_cache import install_remote_caches, selected_layers
 
-            install_remote_caches()
+            install_remote_caches(selected_layers(config.layers))
         with guard("could not hook Inductor's autotune recheck"):
             from kcache.coordesc_reuse import install as install_coordesc_reuse
 
-            install_coordesc_reuse()
+            install_coordesc_reuse(config.coordesc_reuse)
     return True
 
 

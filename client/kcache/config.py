@@ -1,9 +1,16 @@
-"""Client configuration from ``KCACHE_*`` environment variables (or ``kcache.install(...)``)."""
+"""Client configuration from ``KCACHE_*`` environment variables (or ``kcache.install(...)``).
+
+Every ``KCACHE_*`` variable the client reads is read here, with its default. The one exception is
+``kcache._autoload``, which runs at every interpreter start and may import nothing but ``os`` and
+``sys``: it reads its four switches (``KCACHE_URL``, ``KCACHE_MODE``, ``KCACHE_AUTOLOAD``,
+``KCACHE_TRITON_MANAGER``, ``KCACHE_WORKLOAD``) itself, with the same defaults.
+"""
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, Literal
 
 Mode = Literal["readwrite", "readonly", "off"]
@@ -44,6 +51,15 @@ class ClientConfig:
     stats_file: str | None = None
     report: bool = False
     run_id: str | None = None
+    signing_key: str | None = field(default=None, repr=False)
+    layers: str | None = None  # KCACHE_LAYERS as given: a comma list, "all" or "none"
+    prefetch_wait_s: float = 30.0
+    coordesc_reuse: bool = True
+    triton_manager: bool = True
+    local_dir: str | None = None
+
+    def local_root(self) -> Path:
+        return Path(self.local_dir) if self.local_dir else default_local_dir()
 
     @property
     def enabled(self) -> bool:
@@ -73,5 +89,25 @@ class ClientConfig:
             stats_file=os.environ.get("KCACHE_STATS_FILE") or None,
             report=os.environ.get("KCACHE_REPORT", "0") == "1",
             run_id=os.environ.get("KCACHE_RUN_ID") or None,
+            signing_key=os.environ.get("KCACHE_SIGNING_KEY") or None,
+            layers=os.environ.get("KCACHE_LAYERS"),
+            prefetch_wait_s=_float("KCACHE_PREFETCH_WAIT_S", 30.0),
+            coordesc_reuse=os.environ.get("KCACHE_COORDESC_REUSE", "1") != "0",
+            triton_manager=os.environ.get("KCACHE_TRITON_MANAGER", "1") != "0",
+            local_dir=os.environ.get("KCACHE_LOCAL_DIR") or None,
         )
         return replace(cfg, **{k: v for k, v in overrides.items() if v is not None})
+
+
+def default_local_dir() -> Path:
+    """kcache's local tier: ``$KCACHE_LOCAL_DIR``, else ``$XDG_CACHE_HOME/kcache/client``, else
+    ``~/.cache/kcache/client``."""
+    if d := os.environ.get("KCACHE_LOCAL_DIR"):
+        return Path(d)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "kcache" / "client"
+
+
+def gpu_arch_override() -> str | None:
+    """``KCACHE_GPU_ARCH`` (``sm_90``, ``90``, ``gfx90a``): the local GPU, without asking torch."""
+    return os.environ.get("KCACHE_GPU_ARCH") or None

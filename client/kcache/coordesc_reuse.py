@@ -19,7 +19,6 @@ does nothing. ``KCACHE_COORDESC_REUSE=0`` turns it off.
 from __future__ import annotations
 
 import contextvars
-import os
 from typing import Any
 
 from kcache import patching
@@ -27,10 +26,6 @@ from kcache.failopen import guard
 
 PATCHES = "coordesc-reuse"
 _seen: contextvars.ContextVar[list[Any] | None] = contextvars.ContextVar("kcache_coordesc_seen", default=None)
-
-
-def enabled() -> bool:
-    return os.environ.get("KCACHE_COORDESC_REUSE", "1") != "0"
 
 
 def _mark_cached_winner(autotuner: Any, best: Any, reload_kernel_from_src: Any) -> None:
@@ -55,9 +50,10 @@ def _mark_cached_winner(autotuner: Any, best: Any, reload_kernel_from_src: Any) 
         autotuner.compile_results = [autotuner._precompile_config(best)]
 
 
-def install() -> bool:
-    """Wrap Inductor's recheck; False (and nothing changed) where this torch lacks the pieces."""
-    if patching.is_patched(PATCHES) or not enabled():
+def install(enabled: bool = True) -> bool:
+    """Wrap Inductor's recheck; False (and nothing changed) where this torch lacks the pieces or
+    ``enabled`` is False (``KCACHE_COORDESC_REUSE=0``)."""
+    if patching.is_patched(PATCHES) or not enabled:
         return patching.is_patched(PATCHES)
     from torch._inductor.runtime import triton_heuristics as th
 

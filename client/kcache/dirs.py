@@ -16,6 +16,7 @@ from pathlib import Path
 from kcache_schemas import KernelTarget
 
 from kcache.after_import import imported
+from kcache.config import gpu_arch_override
 
 _INDUCTOR_DIRS = ("torch._inductor.runtime.cache_dir_utils", "torch._inductor.runtime.runtime_utils")
 
@@ -48,7 +49,7 @@ def local_target() -> tuple[str, str] | None:
     Used to refuse kernels built for another GPU (vllm#41871: stale kernels after an arch change
     gave garbled output). ``KCACHE_GPU_ARCH`` (``90``, ``sm_90``, ``gfx90a``) answers without torch.
     """
-    if arch := os.environ.get("KCACHE_GPU_ARCH"):
+    if arch := gpu_arch_override():
         arch = arch.removeprefix("sm_")
         return ("hip", arch) if arch.startswith("gfx") else ("cuda", arch)
     with _target_lock:

@@ -14,13 +14,14 @@ from __future__ import annotations
 import ast
 import functools
 import importlib.util
-import os
 import shutil
 import subprocess
 from importlib import metadata
 from pathlib import Path
 
 from kcache_schemas.models import EnvFingerprint
+
+from kcache.config import gpu_arch_override
 
 __all__ = ["EnvFingerprint", "current"]
 
@@ -51,7 +52,7 @@ def _torch_build() -> dict[str, str | None]:
 
 
 def _gpu_arch() -> str | None:
-    if arch := os.environ.get("KCACHE_GPU_ARCH"):
+    if arch := gpu_arch_override():
         return arch
     smi = shutil.which("nvidia-smi")
     if not smi:

@@ -11,13 +11,6 @@ import tempfile
 from pathlib import Path
 
 
-def default_dir() -> Path:
-    if d := os.environ.get("KCACHE_LOCAL_DIR"):
-        return Path(d)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "kcache" / "client"
-
-
 class LocalEntryStore:
     def __init__(self, root: Path, namespace: str) -> None:
         self.root = root / "entries" / namespace

@@ -16,7 +16,6 @@ import functools
 import hashlib
 import importlib
 import logging
-import os
 import re
 import sys
 from typing import Any
@@ -140,8 +139,8 @@ def _install_fast_reads() -> None:
         fx_graph_entries.install_fast_reads(lambda backend: isinstance(backend, backend_class()))
 
 
-def selected_layers() -> list[str]:
-    raw = os.environ.get("KCACHE_LAYERS")
+def selected_layers(raw: str | None) -> list[str]:
+    """The layers ``KCACHE_LAYERS`` names (a comma list, ``all`` or unset: every one, ``none``)."""
     if raw is None or raw.strip().lower() in ("", "all"):
         return list(LAYERS)
     if raw.strip().lower() == "none":
@@ -158,14 +157,14 @@ def _gpu_visible() -> bool:
         return False
 
 
-def install_remote_caches(layers: list[str] | None = None) -> list[str]:
+def install_remote_caches(layers: list[str]) -> list[str]:
     """Serve each selected layer whose class and switch this torch has; returns those served."""
     if patching.is_patched(PATCHES):
         return sorted(_served)
     remote_cache = importlib.import_module("torch._inductor.remote_cache")
     backend = backend_class()
     gpu = _gpu_visible()
-    for layer in layers if layers is not None else selected_layers():
+    for layer in layers:
         if layer in GPU_ONLY and not gpu:
             continue
         cls_name, (config_module, switch) = LAYERS[layer]

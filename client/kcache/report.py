@@ -13,7 +13,6 @@ import argparse
 import contextlib
 import json
 import logging
-import os
 import sys
 import uuid
 from dataclasses import replace
@@ -393,8 +392,11 @@ def stats_command(args: argparse.Namespace) -> int:
     if args.file and args.run:
         print("kcache stats: give --file or --run, not both", file=sys.stderr)
         return 1
-    source_file = args.file or (None if args.run else os.environ.get("KCACHE_STATS_FILE"))
-    run_id = args.run or (None if source_file else os.environ.get("KCACHE_RUN_ID"))
+    from kcache.config import ClientConfig
+
+    env = ClientConfig.from_env()
+    source_file = args.file or (None if args.run else env.stats_file)
+    run_id = args.run or (None if source_file else env.run_id)
     try:
         if source_file:
             doc = load_stats(source_file)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import atexit
 import logging
-import os
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -28,7 +27,7 @@ from kcache.emitter import EmitOutcome, emit_files, emit_pack_manifest
 from kcache.errors import InvalidPack, KcacheError, NotFound
 from kcache.failopen import warn_once
 from kcache.http import KcacheClient
-from kcache.local_store import LocalEntryStore, default_dir
+from kcache.local_store import LocalEntryStore
 from kcache.signing import BadSignature, sign, verify
 from kcache.stats import Stats
 from kcache.uploader import EntryUpload, KernelDirUpload, KernelUpload, Uploader
@@ -63,14 +62,13 @@ class Runtime:
         self.bundle_emit_s = 0.0  # time spent emitting Inductor bundles (read_and_emit)
         self._lock = threading.Lock()
         self._closed = False
-        self.local = LocalEntryStore(default_dir(), config.namespace)
-        secret = os.environ.get("KCACHE_SIGNING_KEY")
-        self._secret = secret.encode() if secret else None
+        self.local = LocalEntryStore(config.local_root(), config.namespace)
+        self._secret = config.signing_key.encode() if config.signing_key else None
         self.prefetcher: Prefetcher | None = None
         if self.client is not None and config.workload and claim_prefetch():
             from kcache.workload import Prefetcher
 
-            self.prefetcher = Prefetcher(self.client, config.workload, self.local).start()
+            self.prefetcher = Prefetcher(self.client, config.workload, self.local, config.prefetch_wait_s).start()
 
     def miss_reason(self) -> str:
         hint = self.prefetcher.miss_hint if self.prefetcher is not None else None

@@ -16,7 +16,6 @@ manager, on its local miss) emits the pack from the local tier into its own dir.
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import threading
 import time
@@ -116,7 +115,7 @@ def _shutting_down() -> bool:
 class Prefetcher:
     """Runs ``pull_workload`` in the background and lets the compile path wait for one entry."""
 
-    def __init__(self, client: KcacheClient, name: str, local: LocalEntryStore) -> None:
+    def __init__(self, client: KcacheClient, name: str, local: LocalEntryStore, wait_s: float = 30.0) -> None:
         self.name = name
         self._client, self._local = client, local
         self.manifest_ready = threading.Event()
@@ -126,7 +125,7 @@ class Prefetcher:
         self.counts: dict[str, int] = {}
         self.seconds = 0.0
         self._pending: dict[tuple[str, str], threading.Event] = {}
-        self._wait_s = float(os.environ.get("KCACHE_PREFETCH_WAIT_S", "30"))
+        self._wait_s = wait_s
         self._thread = threading.Thread(target=self._run, name="kcache-prefetch", daemon=True)
 
     def start(self) -> Prefetcher:
