@@ -162,7 +162,7 @@ bundler_round(os.path.join(dst, "after"))
 out["round_after_s"] = time.perf_counter() - t
 out["emitted"] = len(os.listdir(os.path.join(dst, "after")))
 if url:
-    from kcache.runtime import get_runtime
+    from kcache.current import get_runtime
     out["breaker"] = get_runtime().client.breaker.state
 
 def _first():  # registered last, so it runs first

@@ -135,7 +135,7 @@ def child(workload: str, device: str, out: Path) -> None:
     stats = None
     t_close = time.perf_counter()
     try:
-        from kcache.runtime import get_runtime
+        from kcache.current import get_runtime
 
         rt = get_runtime()
         if rt is not None:

@@ -16,7 +16,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 T0 = time.perf_counter()
 
-from kcache.runtime import get_runtime  # noqa: E402
+from kcache.current import get_runtime  # noqa: E402
 
 report: dict[str, object] = {}
 if os.environ.get("KCACHE_WORKLOAD") and os.environ.get("PROBE_PREFETCH") == "1":

@@ -35,8 +35,8 @@ def state():
     if tb is not None:
         out["hooks"] = {n: getattr(tb.TritonBundler.__dict__[n], "__func__", None).__module__
                         for n in ("begin_compile", "put", "collect", "read_and_emit")}
-    if "kcache.runtime" in sys.modules:
-        rt = sys.modules["kcache.runtime"].get_runtime()
+    if "kcache.current" in sys.modules:
+        rt = sys.modules["kcache.current"].get_runtime()
         out["runtime_url"] = rt.config.url if rt else None
     return out
 
@@ -124,7 +124,7 @@ def test_switched_off(tmp_path: Path, dead_url: str, env: dict[str, str]) -> Non
 BOGUS_URL_SCRIPT = r"""
 import sys
 import torch._inductor.triton_bundler as tb
-from kcache.runtime import get_runtime
+from kcache.current import get_runtime
 rt = get_runtime()
 assert tb.TritonBundler.__dict__["collect"].__func__.__module__ == "kcache.bundler_hooks"
 assert rt.fetch_kernel("A" * 52, sys.argv[1]) is None

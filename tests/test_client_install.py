@@ -131,7 +131,7 @@ def test_autoload_and_install_without_torch(client_venv: Path, tmp_path: Path, s
         "import sys, kcache\n"
         "start = sorted(m for m in sys.modules if m.split('.')[0] in ('kcache', 'httpx', 'pydantic'))\n"
         "ok = kcache.install()\n"
-        "from kcache.runtime import get_runtime\n"
+        "from kcache.current import get_runtime\n"
         "rt = get_runtime()\n"
         "print(start, ok, rt.missing_kernels(['A' * 52]))\n"
         "kcache.uninstall()\n"

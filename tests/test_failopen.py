@@ -21,9 +21,10 @@ from typing import Any
 import kcache
 import pytest
 from kcache.config import ClientConfig
+from kcache.current import get_runtime
 from kcache.emitter import EmitOutcome
 from kcache.http import KcacheClient
-from kcache.runtime import Runtime, get_runtime
+from kcache.runtime import Runtime
 from kcache_schemas.keys import hex_to_kernel_key
 from kcache_schemas.pack import pack_kernel_dir, read_kernel_dir
 from live import ServerProcess, clean_env

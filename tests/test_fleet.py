@@ -190,7 +190,7 @@ module = compile_module_from_src(os.environ["PROBE_SRC"], "kcache_probe")
 if sys.argv[1] == "abrupt":  # as Inductor ends its compile workers: no atexit, no flush
     print(json.dumps({"marker": module.marker()}), flush=True)
     os._exit(0)
-from kcache.runtime import get_runtime
+from kcache.current import get_runtime
 rt = get_runtime()
 stats = None
 if rt is not None:

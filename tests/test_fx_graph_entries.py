@@ -55,7 +55,7 @@ def test_a_damaged_envelope_is_an_error_not_a_graph() -> None:
 def test_torch_remote_fx_graph_cache_round_trips_through_the_service(live_service) -> None:
     pytest.importorskip("torch")
     import kcache
-    from kcache.runtime import get_runtime
+    from kcache.current import get_runtime
     from torch._inductor.remote_cache import RemoteFxGraphCache
 
     graph = {"kernels": [b"\x00cubin" * 1000]}

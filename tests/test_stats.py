@@ -164,15 +164,16 @@ def test_a_fleet_mid_upgrade_sees_hit_rates_per_torch_and_triton(tmp_path: Path,
 
 def test_runtime_close_reports_only_when_kcache_did_something(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from kcache.config import ClientConfig
-    from kcache.runtime import Runtime
+    from kcache.current import ensure_runtime, stop_runtime
 
     stats_file = tmp_path / "rt.json"
     cfg = ClientConfig(url=None, stats_file=str(stats_file), report=True, workload="bert", run_id="ci-9")
-    Runtime(cfg).close()  # idle: no file, no line
+    ensure_runtime(cfg)
+    stop_runtime()  # idle: no file, no line
     assert not stats_file.exists() and "kcache:" not in capsys.readouterr().err
-    rt = Runtime(cfg)
+    rt = ensure_runtime(cfg)
     rt.stats.miss("fx-graph", "not_found")
-    rt.close()
+    stop_runtime()
     rt.close()  # idempotent: reports once
     assert capsys.readouterr().err.count("kcache: 0 hits, 1 misses, 0 errors (0.0% hit rate) | fx-graph 0/1") == 1
     doc = load_stats(stats_file)
@@ -232,8 +233,8 @@ _DOWN_JOB = textwrap.dedent(
     import sys
     from pathlib import Path
     from kcache.config import ClientConfig
-    from kcache.runtime import start_runtime
-    rt = start_runtime(ClientConfig.from_env())
+    from kcache.current import ensure_runtime
+    rt = ensure_runtime(ClientConfig.from_env())
     for key in sys.argv[2:]:
         assert rt.fetch_kernel(key, Path(sys.argv[1])) is None
     assert rt.get_entry("fx-graph", "pt2-graph-key") is None
@@ -305,7 +306,7 @@ _JOB = textwrap.dedent(
     import json, os, sys
     from pathlib import Path
     import kcache
-    from kcache.runtime import get_runtime
+    from kcache.current import get_runtime
     mode, url, src = sys.argv[1], sys.argv[2], Path(sys.argv[3])
     assert kcache.install(url=url)
     rt = get_runtime()

@@ -93,7 +93,7 @@ def _claim_prefetch() -> bool:
 def _start_prefetch() -> None:
     try:
         from kcache.config import ClientConfig
-        from kcache.runtime import ensure_runtime
+        from kcache.current import ensure_runtime
 
         ensure_runtime(ClientConfig.from_env())
     except Exception:

@@ -10,8 +10,8 @@ from typing import Any
 
 from kcache import patching
 from kcache.config import ClientConfig
+from kcache.current import ensure_runtime, stop_runtime
 from kcache.failopen import guard
-from kcache.runtime import ensure_runtime, stop_runtime
 
 log = logging.getLogger("kcache")
 TRITON_MANAGER = "kcache.triton_manager:KcacheCacheManager"

@@ -24,9 +24,10 @@ from typing import Any
 from kcache_schemas.pack import manifest_for_files
 
 from kcache import patching
+from kcache.current import get_runtime
 from kcache.emitter import looks_emitted
 from kcache.failopen import guard, warn_once
-from kcache.runtime import Runtime, get_runtime
+from kcache.runtime import Runtime
 
 PATCHES = "bundler"
 _WRAPPED = ("begin_compile", "put", "put_winner", "collect", "read_and_emit")

@@ -24,8 +24,8 @@ from kcache_schemas import InvalidKeyError, normalize_entry_key, wire
 
 from kcache import fx_graph_entries, patching
 from kcache.after_import import call_after_import, imported
+from kcache.current import get_runtime
 from kcache.failopen import guard, warn_once
-from kcache.runtime import get_runtime
 
 log = logging.getLogger("kcache.remote_cache")
 

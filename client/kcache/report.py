@@ -25,10 +25,10 @@ from kcache_schemas.models import EnvironmentSummary
 
 from kcache import __version__
 from kcache.failopen import warn_once
-from kcache.stats import load_stats, totals, write_stats
+from kcache.stats import Stats, load_stats, totals, write_stats
 
 if TYPE_CHECKING:
-    from kcache.runtime import Runtime
+    from kcache.config import ClientConfig
 
 log = logging.getLogger("kcache")
 FORMATS = ("text", "json", "markdown", "junit")
@@ -296,16 +296,16 @@ def render(doc: dict[str, Any], fmt: str = "text", fail_under: float | None = No
 # ---- at exit -------------------------------------------------------------------------------------
 
 
-def at_exit(rt: Runtime) -> None:
-    """Called at the end of ``Runtime.close()``: write ``KCACHE_STATS_FILE``, print the summary
-    line (``KCACHE_REPORT=1``), send the stats to ``KCACHE_RUN_ID`` on the service. Never raises."""
-    cfg = rt.config
+def at_exit(cfg: ClientConfig, stats: Stats, service_down: bool = False) -> None:
+    """Called when a runtime has closed: write ``KCACHE_STATS_FILE``, print the summary line
+    (``KCACHE_REPORT=1``), send the stats to ``KCACHE_RUN_ID`` on the service (not when the
+    service is known to be down). Never raises."""
     if not (cfg.stats_file or cfg.report or (cfg.run_id and cfg.enabled)):
         return
     try:
         from kcache.fingerprint import current
 
-        doc = rt.stats.document(run_id=cfg.run_id, workload=cfg.workload, namespace=cfg.namespace, environment=current().model_dump())
+        doc = stats.document(run_id=cfg.run_id, workload=cfg.workload, namespace=cfg.namespace, environment=current().model_dump())
     except Exception as exc:
         warn_once("could not collect stats at exit", exc)
         return
@@ -323,7 +323,7 @@ def at_exit(rt: Runtime) -> None:
             print(summary_line(doc), file=sys.stderr, flush=True)
     if cfg.run_id and cfg.enabled:
         try:
-            send_run_stats(rt, doc)
+            send_run_stats(cfg, doc, service_down)
         except Exception as exc:
             warn_once(f"could not send stats for run {cfg.run_id}", exc)
 
@@ -343,14 +343,13 @@ def run_report(doc: dict[str, Any], report_id: str | None = None) -> dict[str, A
     }
 
 
-def send_run_stats(rt: Runtime, doc: dict[str, Any]) -> bool:
-    """POST this process's stats to its run; skipped while the breaker says the service is down."""
+def send_run_stats(cfg: ClientConfig, doc: dict[str, Any], service_down: bool = False) -> bool:
+    """POST this process's stats to its run; skipped while the service is known to be down."""
     from kcache.http import KcacheClient
 
-    cfg = rt.config
     if not cfg.run_id or not cfg.url:
         return False
-    if rt.client is not None and rt.client.breaker.state == "open":
+    if service_down:
         warn_once(f"service unreachable; stats for run {cfg.run_id} not sent")
         return False
     short = replace(

@@ -7,7 +7,6 @@ Triton. Misses and errors are counted apart.
 
 from __future__ import annotations
 
-import atexit
 import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping
@@ -49,8 +48,13 @@ def producer_info(compile_time_s: float | None = None) -> Producer:
 
 
 class Runtime:
-    def __init__(self, config: ClientConfig) -> None:
+    """One process's kcache: reached by every hook through :func:`kcache.current.get_runtime`.
+
+    ``on_close(runtime)`` runs at the end of :meth:`close` (the exit report)."""
+
+    def __init__(self, config: ClientConfig, on_close: Callable[[Runtime], None] | None = None) -> None:
         self.config = config
+        self._on_close = on_close
         self.stats = Stats()
         self.client: KcacheClient | None = KcacheClient(config) if config.enabled else None
         self.uploader: Uploader | None = (
@@ -247,50 +251,8 @@ class Runtime:
             # Otherwise leave it open: the uploader thread may still be finishing a request,
             # which then fails or succeeds on its own and is counted either way.
             self.client.close()
-        try:  # KCACHE_STATS_FILE, KCACHE_REPORT, KCACHE_RUN_ID; fail-open, short deadline
-            from kcache.report import at_exit
-
-            at_exit(self)
-        except Exception as exc:
-            warn_once("could not report stats at exit", exc)
-
-
-_runtime: Runtime | None = None
-_runtime_lock = threading.Lock()
-
-
-def get_runtime() -> Runtime | None:
-    return _runtime
-
-
-def start_runtime(config: ClientConfig) -> Runtime:
-    global _runtime
-    with _runtime_lock:
-        if _runtime is not None:
-            _runtime.close()
-        _runtime = Runtime(config)
-        return _runtime
-
-
-def ensure_runtime(config: ClientConfig) -> Runtime:
-    """The running runtime if it has this config (e.g. started early by the workload
-    prefetcher), else a new one. Atomic, so concurrent starters share one runtime."""
-    global _runtime
-    with _runtime_lock:
-        if _runtime is not None and _runtime.config == config:
-            return _runtime
-        if _runtime is not None:
-            _runtime.close()
-        _runtime = Runtime(config)
-        return _runtime
-
-
-def stop_runtime() -> None:
-    global _runtime
-    with _runtime_lock:
-        if _runtime is not None:
-            _runtime.close()
-        _runtime = None
-
-
-atexit.register(stop_runtime)
+        if self._on_close is not None:
+            try:  # stats file, summary line, run stats: see kcache.current
+                self._on_close(self)
+            except Exception as exc:
+                warn_once("could not report stats at exit", exc)

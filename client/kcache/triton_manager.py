@@ -52,7 +52,7 @@ def host_module_key(cache_key: str, filename: str) -> str:
 
 def _runtime() -> Runtime | None:
     from kcache.config import ClientConfig
-    from kcache.runtime import ensure_runtime, get_runtime
+    from kcache.current import ensure_runtime, get_runtime
 
     rt = get_runtime()
     if rt is None:
