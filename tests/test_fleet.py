@@ -130,7 +130,7 @@ def test_triton_manager_is_local_first(live_service, tmp_path: Path) -> None:
     script = (
         "import json,sys,triton; sys.path.insert(0, REPO)\n"
         "from bench.corpus import compile_small\n"
-        "from kcache.runtime import get_runtime\n"
+        "from kcache.current import get_runtime\n"
         "hits=[]; triton.knobs.compilation.listener=lambda *,cache_hit=False,**_: hits.append(cache_hit)\n"
         "compile_small(sys.argv[1], count=2)\n"
         "rt=get_runtime(); rt.close() if rt else None\n"
