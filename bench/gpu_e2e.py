@@ -16,7 +16,14 @@ Each run records the first-call time, Inductor's cache counters and kcache's sta
 output so warm runs can be compared with the cold one. Writes ``<out>/gpu_e2e.json`` and a bar
 chart ``<out>/gpu_e2e.png``.
 
-    python bench/gpu_e2e.py --out bench/results [--workloads resnet50,gpt2-train,...]
+Nodes get explicit cache dirs by default (``TORCHINDUCTOR_CACHE_DIR``, ``TRITON_CACHE_DIR``,
+``KCACHE_LOCAL_DIR`` under the node). ``--default-env`` runs them as users do: none of those set,
+each node its own ``HOME`` and ``TMPDIR`` instead (Inductor's ``/tmp/torchinductor_$USER`` under
+the node's ``TMPDIR``, Triton's ``~/.triton/cache`` and kcache's ``~/.cache/kcache/client`` under
+its ``HOME``), and ``kcache-warm`` also sets ``KCACHE_WORKLOAD`` (a fresh node whose workload is
+published: prefetch starts at interpreter start, racing ``import torch``).
+
+    python bench/gpu_e2e.py --out bench/results [--workloads resnet50,gpt2-train,...] [--default-env]
     python bench/gpu_e2e.py --out /tmp/smoke --workloads tiny --device cpu   # orchestration check
 """
 
@@ -29,6 +36,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -149,6 +157,7 @@ def child(workload: str, device: str, out: Path) -> None:
     from torch._dynamo.utils import compilation_time_metrics
 
     report = {
+        "cache_dirs": _cache_dirs(),
         "first_call_s": first_call_s,
         "first_call_started": t0_wall,  # wall clock, to line up with the compile trace
         "pid": os.getpid(),
@@ -162,6 +171,44 @@ def child(workload: str, device: str, out: Path) -> None:
         "kcache": stats,
     }
     (out / "report.json").write_text(json.dumps(report, indent=1))
+
+
+def _cache_dirs() -> dict[str, Any]:
+    """Where this node's caches ended up (torch and Triton asked after the run), with the number
+    of entries in each: in --default-env mode, proof that nothing was pointed anywhere."""
+    dirs: dict[str, Any] = {
+        "tempdir": tempfile.gettempdir(),
+        "home": os.path.expanduser("~"),
+        "TRITON_CACHE_DIR_at_exit": os.environ.get("TRITON_CACHE_DIR"),  # Inductor sets it when unset
+        "TRITON_CACHE_MANAGER": os.environ.get("TRITON_CACHE_MANAGER"),
+    }
+    try:
+        from torch._inductor.runtime.cache_dir_utils import cache_dir, triton_cache_dir
+
+        dirs["inductor"] = cache_dir()
+        dirs["inductor_triton"] = triton_cache_dir(0)
+    except Exception as e:  # another torch layout: say so, do not fail the run
+        dirs["inductor"] = f"? {e!r}"
+    try:
+        import triton
+
+        dirs["triton_knobs"] = triton.knobs.cache.dir
+    except Exception as e:
+        dirs["triton_knobs"] = f"? {e!r}"
+    try:
+        from kcache.config import ClientConfig
+
+        dirs["kcache_local"] = str(ClientConfig.from_env().local_root())
+    except Exception as e:
+        dirs["kcache_local"] = f"? {e!r}"
+    counts: dict[str, int] = {}
+    for name in ("inductor_triton", "triton_knobs"):
+        path = Path(str(dirs.get(name, "?")))
+        counts[name] = sum(1 for _ in path.iterdir()) if path.is_dir() else 0
+    local = Path(str(dirs.get("kcache_local", "?")))
+    counts["kcache_local_files"] = sum(1 for f in local.rglob("*") if f.is_file()) if local.is_dir() else 0
+    dirs["entries"] = counts
+    return dirs
 
 
 def _write_profile(profiler: Any, out: Path) -> None:
@@ -211,34 +258,74 @@ class Service:
         self.proc.wait(timeout=30)
 
 
-def run_node(workload: str, scenario: str, node: Path, device: str, env_extra: dict[str, str], timeout: int) -> dict[str, Any]:
+def run_node(
+    workload: str, scenario: str, node: Path, device: str, env_extra: dict[str, str], timeout: int, default_env: bool = False
+) -> dict[str, Any]:
     out = node / f"out-{scenario}"
     out.mkdir(parents=True, exist_ok=True)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("KCACHE_", "TRITON_CACHE", "TORCHINDUCTOR_CACHE"))}
+    drop = ("KCACHE_", "TRITON_CACHE", "TORCHINDUCTOR_CACHE", "TRITON_HOME")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
     trace = out / "trace"
     shutil.rmtree(trace, ignore_errors=True)
     trace.mkdir()
     here = Path(__file__).resolve().parent
+    if default_env:
+        # The user's default environment: no cache dir named anywhere. The node's own HOME and
+        # TMPDIR keep nodes apart (Inductor: $TMPDIR/torchinductor_$USER; Triton: ~/.triton/cache;
+        # kcache: ~/.cache/kcache/client). The user's identity stays (getpass reads USER/LOGNAME).
+        home, tmp = node / "home", node / "tmp"
+        home.mkdir(parents=True, exist_ok=True)
+        tmp.mkdir(parents=True, exist_ok=True)  # tempfile ignores a TMPDIR that does not exist
+        # XDG_CACHE_HOME would move kcache's local tier out of the node; a HOME-based user site
+        # (pip install --user) stays visible; the models are built from code (pretrained=False,
+        # GPT2Config), so the fresh HOME's empty torch hub / HF caches need no network: the
+        # offline switches make sure nothing tries.
+        env.pop("XDG_CACHE_HOME", None)
+        import site
+
+        env.setdefault("PYTHONUSERBASE", site.getuserbase())
+        env.update(HOME=str(home), TMPDIR=str(tmp), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    else:
+        env.update(
+            TORCHINDUCTOR_CACHE_DIR=str(node / "inductor"),
+            TRITON_CACHE_DIR=str(node / "triton"),
+            KCACHE_LOCAL_DIR=str(node / "kcache-local"),
+        )
     env.update(
-        TORCHINDUCTOR_CACHE_DIR=str(node / "inductor"),
-        TRITON_CACHE_DIR=str(node / "triton"),
-        KCACHE_LOCAL_DIR=str(node / "kcache-local"),
         # gpu_trace/sitecustomize.py logs every triton.compile of the node's processes to `trace`.
         PYTHONPATH=os.pathsep.join([str(here.parent), str(here / "gpu_trace"), env.get("PYTHONPATH", "")]),
         KCACHE_BENCH_TRACE_DIR=str(trace),
         **env_extra,
     )
+    shown = ("KCACHE_", "TRITON_", "TORCHINDUCTOR_", "HOME", "TMPDIR", "HF_", "TRANSFORMERS_OFFLINE", "PYTHONUSERBASE", "XDG_")
+    node_env = {k: v for k, v in sorted(env.items()) if k.startswith(shown) and k != "KCACHE_BENCH_TRACE_DIR"}
     cmd = [sys.executable, __file__, "--child", workload, "--device", device, "--child-out", str(out)]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     wall = time.perf_counter() - t0
     (out / "stderr.txt").write_text(proc.stderr[-200_000:])
+    stderr = stderr_summary(proc.stderr)
     if proc.returncode != 0:
-        return {"error": f"exit {proc.returncode}: {proc.stderr[-1500:]}", "wall_s": wall}
+        return {"error": f"exit {proc.returncode}: {proc.stderr[-1500:]}", "wall_s": wall, "node_env": node_env, "stderr": stderr}
     report = json.loads((out / "report.json").read_text())
     report["wall_s"] = wall
+    report["node_env"] = node_env
+    report["stderr"] = stderr
     report["triton_compiles"] = summarize_trace(trace, report)
     return report
+
+
+def stderr_summary(text: str) -> dict[str, Any]:
+    """What a node said on stderr that a user would notice: tracebacks and kcache's own lines."""
+    lines = text.splitlines()
+    kcache_lines = [line for line in lines if "kcache:" in line]
+    return {
+        "tracebacks": sum("Traceback" in line for line in lines),
+        "kcache_lines": len(kcache_lines),
+        "kcache_first": kcache_lines[:8],
+        "warnings": sum("Warning" in line for line in lines),
+        "lines": len(lines),
+    }
 
 
 def summarize_trace(trace: Path, report: dict[str, Any]) -> dict[str, Any]:
@@ -278,6 +365,7 @@ def run_workload(
     scenarios: list[str] | None = None,
     profile: list[str] | None = None,
     profile_out: Path | None = None,
+    default_env: bool = False,
 ) -> dict[str, Any]:
     wroot = root / workload
     shutil.rmtree(wroot, ignore_errors=True)
@@ -285,10 +373,13 @@ def run_workload(
     service = Service(wroot / "service")
     on = {"KCACHE_URL": service.url, "KCACHE_FLUSH_TIMEOUT_S": "60"}
     off = {"KCACHE_MODE": "off", "KCACHE_TRITON_MANAGER": "0"}
+    # In the default environment the fresh node runs as a fleet job does: with its workload named
+    # (prefetch from interpreter start, while the main thread is still importing torch).
+    warm = {**on, "KCACHE_WORKLOAD": workload} if default_env else on
     plans: list[tuple[str, str, dict[str, str]]] = [
         ("cold", "node-cold", off),
         ("populate", "node-populate", {**on, "KCACHE_WORKLOAD": workload}),
-        ("kcache-warm", "node-warm", on),
+        ("kcache-warm", "node-warm", warm),
         ("kcache-prefetch", "node-prefetch", {**on, "KCACHE_WORKLOAD": workload, "KCACHE_MODE": "readonly"}),
         ("kernels-only", "node-kernels", {**on, "KCACHE_LAYERS": "none"}),
         ("local-warm", "node-cold", off),  # the cold node again, caches kept
@@ -305,7 +396,7 @@ def run_workload(
             if scenarios and scenario not in scenarios:
                 continue
             print(f"[{workload}] {scenario} ...", flush=True)
-            runs[scenario] = run_node(workload, scenario, wroot / node, device, env, timeout)
+            runs[scenario] = run_node(workload, scenario, wroot / node, device, env, timeout, default_env)
             if scenario != "cold" and "error" not in runs[scenario] and ref.exists():  # now: a later cut-off keeps it
                 runs[scenario]["output_vs_cold"] = compare_outputs(ref, wroot / node / f"out-{scenario}" / "output.pt")
             print(f"[{workload}] {scenario}: {runs[scenario].get('first_call_s', runs[scenario].get('error'))}", flush=True)
@@ -318,7 +409,7 @@ def run_workload(
                     continue
                 # kcache-warm needs a fresh node each time; the local scenarios rerun the cold node.
                 rep_node = node if node == "node-cold" else f"{node}-r{i}"
-                rep = run_node(workload, f"{scenario}-r{i}", wroot / rep_node, device, env, timeout)
+                rep = run_node(workload, f"{scenario}-r{i}", wroot / rep_node, device, env, timeout, default_env)
                 runs.setdefault(f"{scenario}-repeats", []).append(rep.get("first_call_s"))
                 runs.setdefault(f"{scenario}-repeat-reports", []).append(rep)
                 print(f"[{workload}] {scenario} repeat {i}: {rep.get('first_call_s', rep.get('error'))}", flush=True)
@@ -329,7 +420,7 @@ def run_workload(
             if scenario not in (profile or []) or scenario == "cold":
                 continue
             prof_node = node if scenario == "local-warm" else f"{node}-profiled"
-            rep = run_node(workload, f"{scenario}-profiled", wroot / prof_node, device, {**env, "KCACHE_BENCH_PROFILE": "1"}, timeout)
+            rep = run_node(workload, f"{scenario}-profiled", wroot / prof_node, device, {**env, "KCACHE_BENCH_PROFILE": "1"}, timeout, default_env)
             runs[f"{scenario}-profiled"] = rep
             text = wroot / prof_node / f"out-{scenario}-profiled" / "profile.txt"
             if profile_out is not None and text.exists():
@@ -405,6 +496,11 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=0, help="extra runs of each of kcache-warm, local-warm, local-warm-kcache (medians reported)")
     p.add_argument("--merge", nargs="+", help="merge result files (from several calls) and plot")
     p.add_argument("--profile", default="", help="scenarios to rerun under cProfile (profile text in <out>/profiles)")
+    p.add_argument(
+        "--default-env",
+        action="store_true",
+        help="nodes as users run them: own HOME and TMPDIR, no TORCHINDUCTOR_CACHE_DIR/TRITON_CACHE_DIR/KCACHE_LOCAL_DIR; kcache-warm sets KCACHE_WORKLOAD",
+    )
     p.add_argument("--child")
     p.add_argument("--child-out")
     args = p.parse_args()
@@ -415,7 +511,11 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {"environment": {}, "workloads": {}}
     if not args.merge:
-        results["environment"] = environment(args.device) | {"device": args.device, "date": time.strftime("%Y-%m-%d")}
+        results["environment"] = environment(args.device) | {
+            "device": args.device,
+            "date": time.strftime("%Y-%m-%d"),
+            "environment": "default" if args.default_env else "explicit dirs",
+        }
     if args.merge:
         merged = [json.loads(Path(f).read_text()) for f in args.merge]
         results = merged[0]
@@ -443,6 +543,7 @@ def main() -> int:
                 args.scenarios.split(",") if args.scenarios else None,
                 args.profile.split(",") if args.profile else None,
                 out / "profiles",
+                args.default_env,
             )
         )
     try:
