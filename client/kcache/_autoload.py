@@ -71,11 +71,12 @@ def _main() -> None:
     if os.environ.get("KCACHE_TRITON_MANAGER", "1") != "0":
         os.environ.setdefault("TRITON_CACHE_MANAGER", "kcache.triton_manager:KcacheCacheManager")
     if os.environ.get("KCACHE_WORKLOAD") and _claim_prefetch():
-        # Start prefetching now, in the background, so downloads overlap imports and model
-        # construction. The thread does the (heavier) imports itself.
-        import threading
-
-        threading.Thread(target=_start_prefetch, name="kcache-start", daemon=True).start()
+        # Start prefetching now, so downloads overlap the job's imports and model construction.
+        # The client's own imports (pydantic, httpx, ~0.3 s) happen here, on the main thread:
+        # a background thread importing a large module tree while the main thread runs
+        # ``import torch`` is exactly the concurrency this hook must not add. The prefetch
+        # thread the runtime starts then only moves bytes.
+        _start_prefetch()
     if TRIGGER in sys.modules:
         import kcache
 
@@ -95,7 +96,7 @@ def _start_prefetch() -> None:
         from kcache.config import ClientConfig
         from kcache.current import ensure_runtime
 
-        ensure_runtime(ClientConfig.from_env())
+        ensure_runtime(ClientConfig.from_env())  # starts the kcache-prefetch thread
     except Exception:
         import logging
 

@@ -17,10 +17,29 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+import threading
 from collections.abc import Callable
 from importlib.machinery import ModuleSpec
 from types import ModuleType
 from typing import Any
+
+# kcache's own threads are named with this prefix; callbacks never run on them.
+KCACHE_THREAD_PREFIX = "kcache-"
+_lock = threading.Lock()
+
+
+def _on_kcache_thread() -> bool:
+    return threading.current_thread().name.startswith(KCACHE_THREAD_PREFIX)
+
+
+def _unregister(finder: Any) -> bool:
+    """Remove ``finder`` from sys.meta_path; True for the one caller that did (threads race here)."""
+    with _lock:
+        try:
+            sys.meta_path.remove(finder)
+        except ValueError:
+            return False
+        return True
 
 
 def imported(name: str) -> ModuleType | None:
@@ -37,9 +56,8 @@ class _Finder:  # a meta path finder for one module, removed once it fired
         self.name, self.callback = name, callback
 
     def find_spec(self, fullname: str, path: Any, target: ModuleType | None = None) -> ModuleSpec | None:
-        if fullname != self.name:
+        if fullname != self.name or not _unregister(self):
             return None
-        sys.meta_path.remove(self)
         spec = importlib.util.find_spec(fullname)
         if spec is not None and spec.loader is not None:
             spec.loader = _Loader(spec.loader, self.callback)  # type: ignore[assignment]
@@ -68,9 +86,12 @@ class _WhenInitialised:  # a meta path finder that finds nothing: it watches eve
         self.name, self.callback = name, callback
 
     def find_spec(self, fullname: str, path: Any, target: ModuleType | None = None) -> None:
+        # Any thread's import passes here. The callback patches torch: never on kcache's own
+        # threads (the prefetcher), and exactly once however many threads import at once.
+        if _on_kcache_thread():
+            return None
         module = imported(self.name)
-        if module is not None:
-            sys.meta_path.remove(self)
+        if module is not None and _unregister(self):
             self.callback(module)
         return None
 

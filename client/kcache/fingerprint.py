@@ -66,8 +66,13 @@ def _gpu_arch() -> str | None:
 
 
 @functools.lru_cache(maxsize=1)
-def current() -> EnvFingerprint:
+def packages() -> dict[str, str | None]:
+    """torch, triton, cuda, hip from installed files. Cheap, but it imports importlib.metadata's
+    parsers on first use: the workload prefetcher asks for it on the thread that starts it."""
     build = _torch_build()
-    return EnvFingerprint(
-        torch=_version("torch"), triton=_version("triton"), cuda=build.get("cuda"), hip=build.get("hip"), gpu_arch=_gpu_arch()
-    )
+    return {"torch": _version("torch"), "triton": _version("triton"), "cuda": build.get("cuda"), "hip": build.get("hip")}
+
+
+@functools.lru_cache(maxsize=1)
+def current() -> EnvFingerprint:
+    return EnvFingerprint(**packages(), gpu_arch=_gpu_arch())

@@ -26,9 +26,10 @@ from pathlib import Path
 from kcache_schemas import PackError, wire
 from kcache_schemas.models import WorkloadManifest, WorkloadView
 
+from kcache.after_import import KCACHE_THREAD_PREFIX
 from kcache.emitter import emit_pack
 from kcache.errors import KcacheError, NotFound
-from kcache.fingerprint import current
+from kcache.fingerprint import current, packages
 from kcache.http import KcacheClient
 from kcache.local_store import LocalEntryStore
 
@@ -95,7 +96,7 @@ def pull_workload(
 
     refs = [(e.layer, e.key) for e in view.entries]
     try:
-        with ThreadPoolExecutor(max_workers=8) as pool:
+        with ThreadPoolExecutor(max_workers=8, thread_name_prefix=KCACHE_THREAD_PREFIX + "prefetch") as pool:
             list(pool.map(fetch, refs))
     except RuntimeError:
         # The interpreter is shutting down (the job ended before the prefetch did): nothing
@@ -127,6 +128,7 @@ class Prefetcher:
         self._pending: dict[tuple[str, str], threading.Event] = {}
         self._wait_s = wait_s
         self._thread = threading.Thread(target=self._run, name="kcache-prefetch", daemon=True)
+        packages()  # here, not on the prefetch thread: it may import (see kcache.fingerprint)
 
     def start(self) -> Prefetcher:
         self._thread.start()
