@@ -217,4 +217,5 @@ def test_the_fingerprint_is_the_same_before_and_after_import_torch(tmp_path: Any
     before, after, cuda, hip = __import__("json").loads(out.stdout.strip().splitlines()[-1])
     assert before == after
     assert (after["cuda"], after["hip"]) == (cuda, hip)
-    assert after["torch"] == torch.__version__
+    # the distribution's version: "2.9.1" for a registry wheel whose torch.__version__ is "2.9.1+cu128"
+    assert torch.__version__.split("+")[0] == after["torch"].split("+")[0]
