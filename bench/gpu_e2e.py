@@ -151,7 +151,7 @@ def child(workload: str, device: str, out: Path) -> None:
             if rt.prefetcher is not None:
                 prefetch = {"seconds": rt.prefetcher.seconds, "counts": rt.prefetcher.counts}
             rt.close()  # flush uploads, publish the workload (what atexit would do)
-            stats = {"layers": rt.stats.snapshot(), "prefetch": prefetch, "bundle_emit_s": rt.bundle_emit_s}
+            stats = {"layers": {n: c.model_dump() for n, c in rt.stats.snapshot().items()}, "prefetch": prefetch, "bundle_emit_s": rt.bundle_emit_s}
     except ImportError:
         pass
     from torch._dynamo.utils import compilation_time_metrics

@@ -79,7 +79,7 @@ report.update(
     triton_cache_hits=hits,
     fx=dict(counters["inductor"]),
     aot=dict(counters["aot_autograd"]),
-    stats=rt.stats.snapshot() if rt else None,
+    stats={name: c.model_dump() for name, c in rt.stats.snapshot().items()} if rt else None,
     compile_s=compile_s,
     out=out.tolist(),
 )

@@ -42,3 +42,96 @@ def test_client_and_service_never_import_each_other_and_schemas_imports_neither(
     assert not [p for p in _sources(CLIENT) if "kcache_server" in _imports(p)]
     assert not [p for p in _sources(SERVICE) if "kcache" in _imports(p)]
     assert not [p for p in _sources(SCHEMAS) if _imports(p) & {"kcache", "kcache_server"}]
+
+
+def _module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _edges(path: Path, package: str) -> set[str]:
+    """Modules of ``package`` this file imports, at import time or later inside a function (a
+    lazy import still ties two modules together); ``if TYPE_CHECKING`` imports do not count."""
+    out: set[str] = set()
+
+    class Visitor(ast.NodeVisitor):
+        def visit_If(self, node: ast.If) -> None:
+            if "TYPE_CHECKING" in ast.unparse(node.test):
+                for stmt in node.orelse:
+                    self.visit(stmt)
+            else:
+                self.generic_visit(node)
+
+        def visit_Import(self, node: ast.Import) -> None:
+            out.update(a.name for a in node.names if a.name.split(".")[0] == package)
+
+        def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+            if node.module and node.level == 0 and node.module.split(".")[0] == package:
+                out.add(node.module)
+                out.update(f"{node.module}.{a.name}" for a in node.names)  # ``from pkg import mod``
+
+    Visitor().visit(ast.parse(path.read_text()))
+    return out
+
+
+def import_graph(root: Path) -> dict[str, set[str]]:
+    """Module -> the modules of its package it imports. The package's ``__init__`` is left out:
+    it re-exports its modules by design."""
+    modules = {_module_name(p, root): p for p in _sources(root) if p != root / "__init__.py"}
+    return {name: {m for m in _edges(path, root.name) if m in modules and m != name} for name, path in modules.items()}
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_no_import_cycle_in_any_package() -> None:
+    for root in (CLIENT, SERVICE, SCHEMAS):
+        cycle = _cycle(import_graph(root))
+        assert cycle is None, f"import cycle in {root.name}: {' -> '.join(cycle or [])}"
+
+
+def test_the_cycle_check_finds_a_cycle() -> None:
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_routes_reach_storage_only_through_the_domain_layer() -> None:
+    """Routes call the store's and the domain modules' methods; the index, the blob store and
+    the access recorder are the store's own."""
+    found = []
+    for p in _sources(SERVICE / "routes"):
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr in ("index", "blobs", "access"):
+                found.append(f"{p.relative_to(REPO)}:{node.lineno}: .{node.attr}")
+        assert "kcache_server.storage" not in _imports_full(p), p
+    assert not found, "\n".join(found)
+
+
+def _imports_full(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+    return names

@@ -130,7 +130,7 @@ assert tb.TritonBundler.__dict__["collect"].__func__.__module__ == "kcache.bundl
 assert rt.fetch_kernel("A" * 52, sys.argv[1]) is None
 assert rt.get_entry("fx-graph", "pt2:fx-graph-v1::x:c1") is None
 assert rt.missing_kernels(["A" * 52]) is None
-print("OK", sum(layer["errors"] for layer in rt.stats.snapshot().values()))
+print("OK", sum(layer.errors for layer in rt.stats.snapshot().values()))
 """
 
 

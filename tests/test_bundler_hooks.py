@@ -48,7 +48,7 @@ def test_collect_uploads_every_kernel_in_the_background(live_service, real_kerne
         assert rt.uploader.flush(10)
         assert rt.used_kernels >= {d.name for d in real_kernel_dirs}
         stats = rt.stats.snapshot()["kernel"]
-        assert stats["puts"] == len(real_kernel_dirs) and stats["put_errors"] == 0
+        assert stats.puts == len(real_kernel_dirs) and stats.put_errors == 0
     finally:
         kcache.uninstall()
     # Uninstall restores Inductor's own methods exactly.
@@ -133,9 +133,9 @@ def test_a_kernel_hit_credits_the_producers_compile_time(live_service, real_kern
     for d in real_kernel_dirs:
         assert node.fetch_kernel(d.name, tmp_path / "triton") is not None
     stats = node.stats.snapshot()["kernel"]
-    assert stats["hits"] == len(real_kernel_dirs)
+    assert stats.hits == len(real_kernel_dirs)
     produced = sum(KcacheClient(ClientConfig(url=live_service.url)).manifest(d.name).producer.compile_time_s or 0 for d in real_kernel_dirs)
-    assert produced > 0 and stats["saved_s"] == pytest.approx(produced, rel=1e-3)
+    assert produced > 0 and stats.saved_s == pytest.approx(produced, rel=1e-3)
     node.close()
 
 
@@ -241,7 +241,7 @@ def test_uninstall_then_install_hooks_once_and_uses_the_new_runtime(live_service
         _collect(real_kernel_dirs, monkeypatch)
         rt = get_runtime()
         assert rt is not None and rt.uploader is not None and rt.uploader.flush(10)
-        assert rt.stats.snapshot()["kernel"]["puts"] == len(keys)  # hooked once: one upload each
+        assert rt.stats.snapshot()["kernel"].puts == len(keys)  # hooked once: one upload each
     finally:
         kcache.uninstall()
     assert all(TritonBundler.__dict__[n] is originals[n] for n in originals)

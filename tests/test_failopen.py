@@ -27,6 +27,7 @@ from kcache.http import KcacheClient
 from kcache.runtime import Runtime
 from kcache_schemas.keys import hex_to_kernel_key
 from kcache_schemas.pack import pack_kernel_dir, read_kernel_dir
+from kcache_schemas.stats import LayerCounts
 from live import ServerProcess, clean_env
 from netfaults import FaultServer
 
@@ -124,7 +125,11 @@ def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
 
 def totals(rt: Runtime) -> dict[str, int]:
     snap = rt.stats.snapshot()
-    return {k: sum(layer[k] for layer in snap.values()) for k in ("hits", "misses", "errors")}
+    return {k: sum(getattr(layer, k) for layer in snap.values()) for k in ("hits", "misses", "errors")}
+
+
+def kernel_counts(rt: Runtime) -> LayerCounts:
+    return rt.stats.snapshot().get("kernel") or LayerCounts()
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float) -> None:
@@ -148,9 +153,9 @@ def test_calls_fail_open_within_budget_then_breaker_keeps_off_network(fault: Fau
             assert elapsed < BUDGET, f"{name} took {elapsed:.2f}s, budget {BUDGET:.2f}s"
 
         snap = rt.stats.snapshot()
-        assert snap["kernel"]["errors"] == 2 and snap[LAYER]["errors"] == 1, snap
+        assert snap["kernel"].errors == 2 and snap[LAYER].errors == 1, snap
         assert totals(rt) == {"hits": 0, "misses": 0, "errors": 3}, "a failing service is an error, not a miss"
-        assert set(snap["kernel"]["error_kinds"]) == {"ServiceUnavailable"}
+        assert set(snap["kernel"].error_kinds) == {"ServiceUnavailable"}
         assert rt.client.breaker.state == "open"
 
         # Open: calls return at once and the server sees nothing new.
@@ -210,7 +215,7 @@ def test_half_open_lets_one_probe_through_and_a_recovered_service_closes_it(
         wait_for(lambda: breaker.state == "half-open", reset + 1.0)
         assert fetch(rt) is None
         assert breaker.state == "closed"
-        assert rt.stats.snapshot()["kernel"]["misses"] == 1, "a 404 from a healthy service is a miss"
+        assert rt.stats.snapshot()["kernel"].misses == 1, "a 404 from a healthy service is a miss"
         assert rt.get_entry(LAYER, ENTRY_KEY) is None  # went through: a miss, not an error
         assert rt.missing_kernels([ABSENT_KEY]) == [ABSENT_KEY]
         assert totals(rt)["misses"] == 2 and breaker.state == "closed"
@@ -231,8 +236,8 @@ def test_real_service_counts_misses_as_misses_and_hits_as_hits(
         k = kernels[0]
         assert rt.missing_kernels([k.key, ABSENT_KEY]) == [k.key, ABSENT_KEY]
         snap = rt.stats.snapshot()
-        assert snap["kernel"]["misses"] == 1 and snap["kernel"]["miss_reasons"] == {"not_found": 1}
-        assert snap[LAYER]["misses"] == 1
+        assert snap["kernel"].misses == 1 and snap["kernel"].miss_reasons == {"not_found": 1}
+        assert snap[LAYER].misses == 1
         assert totals(rt)["errors"] == 0
 
         uploader = KcacheClient(cfg)
@@ -275,15 +280,15 @@ def test_uploads_never_block_the_caller_and_close_is_bounded(mode: str, kernels:
             assert elapsed < flush + 0.5, f"close() took {elapsed:.2f}s, past the {flush}s cap"
         if mode == "refuse":  # fast failures: the uploader accounts for them right after
             deadline = time.monotonic() + 2
-            while rt.stats.snapshot().get("kernel", {}).get("put_errors", 0) < len(kernels) and time.monotonic() < deadline:
+            while kernel_counts(rt).put_errors < len(kernels) and time.monotonic() < deadline:
                 time.sleep(0.02)
         snap = rt.stats.snapshot()
-        dropped = snap[LAYER]["error_kinds"].get("queue_full", 0)
+        dropped = snap[LAYER].error_kinds.get("queue_full", 0)
         assert dropped >= 20 - 4, snap
-        assert totals(rt)["hits"] == 0 and snap.get("kernel", {}).get("puts", 0) == 0
+        assert totals(rt)["hits"] == 0 and kernel_counts(rt).puts == 0
         if mode == "refuse":  # every upload is accounted for: refused, or dropped at exit
-            assert snap["kernel"]["put_errors"] == len(kernels)
-            kinds = snap["kernel"]["error_kinds"]
+            assert snap["kernel"].put_errors == len(kernels)
+            kinds = snap["kernel"].error_kinds
             assert set(kinds) <= {"ServiceUnavailable", "dropped_at_exit"} and sum(kinds.values()) == len(kernels), kinds
 
 
@@ -358,6 +363,6 @@ def test_bundler_hooks_with_a_dead_service(
     assert totals(rt) == {"hits": 0, "misses": 0, "errors": 0}  # nothing was looked up remotely
     if mode == "refuse":  # every upload is counted: failed fast, or dropped at exit
         deadline = time.monotonic() + 2
-        while rt.stats.snapshot().get("kernel", {}).get("put_errors", 0) < len(kernels) and time.monotonic() < deadline:
+        while kernel_counts(rt).put_errors < len(kernels) and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert rt.stats.snapshot()["kernel"]["put_errors"] == len(kernels)
+        assert rt.stats.snapshot()["kernel"].put_errors == len(kernels)

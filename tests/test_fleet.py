@@ -134,7 +134,7 @@ def test_triton_manager_is_local_first(live_service, tmp_path: Path) -> None:
         "hits=[]; triton.knobs.compilation.listener=lambda *,cache_hit=False,**_: hits.append(cache_hit)\n"
         "compile_small(sys.argv[1], count=2)\n"
         "rt=get_runtime(); rt.close() if rt else None\n"
-        "print(json.dumps({'hits': hits, 'stats': rt.stats.snapshot() if rt else None}))\n"
+        "print(json.dumps({'hits': hits, 'stats': {n: c.model_dump() for n, c in rt.stats.snapshot().items()} if rt else None}))\n"
     ).replace("REPO", repr(str(Path(__file__).resolve().parent.parent)))
     cache = tmp_path / "triton"
 
@@ -195,7 +195,8 @@ rt = get_runtime()
 stats = None
 if rt is not None:
     rt.close()
-    stats = rt.stats.snapshot().get("triton-module")
+    counts = rt.stats.snapshot().get("triton-module")
+    stats = counts.model_dump() if counts else None
 print(json.dumps({"marker": module.marker(), "stats": stats}))
 """
 
@@ -296,7 +297,7 @@ def test_a_fetched_entry_reaches_the_local_tier_so_the_next_process_needs_no_net
     monkeypatch.setenv("KCACHE_LOCAL_DIR", str(tmp_path / "local"))
     offline = Runtime(ClientConfig(url="http://127.0.0.1:9", mode="readonly"))  # nothing listens
     assert offline.get_entry("fx-graph", "pt2:fx-graph-v1::local-tier:c1") == blob
-    assert offline.stats.snapshot()["fx-graph"]["errors"] == 0
+    assert offline.stats.snapshot()["fx-graph"].errors == 0
     offline.close()
 
 

@@ -339,7 +339,7 @@ def test_control_good_pack_is_emitted(hostile: HostileService, kernels: list[Ker
     rt = runtime(hostile.url)
     try:
         assert rt.fetch_kernel(a.key, scene.dest) is EmitOutcome.EMITTED
-        assert rt.stats.snapshot()["kernel"]["hits"] == 1
+        assert rt.stats.snapshot()["kernel"].hits == 1
     finally:
         rt.close()
     other = scene.root / "other-dest"
@@ -360,8 +360,8 @@ def test_runtime_refuses(case: str, hostile: HostileService, kernels: list[Kerne
     try:
         assert rt.fetch_kernel(a.key, scene.dest) is None
         snap = rt.stats.snapshot()["kernel"]
-        assert (snap["errors"], snap["hits"], snap["misses"]) == (1, 0, 0), snap
-        assert snap["error_kinds"] == {"invalid_pack": 1}, snap
+        assert (snap.errors, snap.hits, snap.misses) == (1, 0, 0), snap
+        assert snap.error_kinds == {"invalid_pack": 1}, snap
     finally:
         rt.close()
     assert scene.snapshot() == before, "the hostile pack changed the filesystem"
@@ -452,7 +452,7 @@ def test_runtime_survives_protocol_hostility(case: str, hostile: HostileService,
     try:
         assert rt.fetch_kernel(_key(kernels), scene.dest) is None
         snap = rt.stats.snapshot()["kernel"]
-        assert (snap["errors"], snap["hits"], snap["misses"]) == (1, 0, 0), snap
+        assert (snap.errors, snap.hits, snap.misses) == (1, 0, 0), snap
     finally:
         rt.close()
         hostile.raw.pop(path, None)
@@ -471,8 +471,8 @@ def test_runtime_survives_malformed_json_answers(hostile: HostileService, kernel
         hostile.raw[f"/v1/{NS}/kernels:missing"] = http_response(200, b'{"missing": 42}', {"Content-Type": "application/json"})
         assert rt.missing_kernels([key]) is None
         snap = rt.stats.snapshot()
-        assert snap["kernel"]["errors"] == 2 and snap[layer]["errors"] == 1, snap
-        assert snap["kernel"]["hits"] == snap[layer]["hits"] == 0
+        assert snap["kernel"].errors == 2 and snap[layer].errors == 1, snap
+        assert snap["kernel"].hits == snap[layer].hits == 0
     finally:
         rt.close()
         hostile.raw.clear()

@@ -12,7 +12,7 @@ import pytest
 from fastapi.testclient import TestClient
 from kcache_schemas.pack import pack_kernel_dir
 from kcache_server.app import create_app
-from kcache_server.metrics import collapse_usage, kind_label
+from kcache_server.kinds import collapse_usage, family
 from kcache_server.settings import Settings
 from kcache_server.storage import BackendUnavailable
 from kcache_server.storage.base import KindUsage
@@ -169,7 +169,7 @@ def test_metrics_over_real_http_with_streamed_batch_get(live_service, packs: lis
 
 
 def test_helpers() -> None:
-    assert kind_label("run/ci-1") == "run" and kind_label("workload/x") == "workload"
-    assert kind_label("entry/fx-graph") == "entry/fx-graph" and kind_label("kernel") == "kernel"
+    assert family("run/ci-1") == "run" and family("workload/x") == "workload"
+    assert family("entry/fx-graph") == "entry/fx-graph" and family("kernel") == "kernel"
     assert collapse_usage({"run/a": KindUsage(2, 10), "run": KindUsage(1, 5), "kernel": KindUsage(1, 1)}) == {
         "kernel": KindUsage(1, 1), "run": KindUsage(3, 15)}

@@ -21,15 +21,16 @@ import httpx
 import pytest
 from kcache.cli import main as kcache_main
 from kcache.report import format_junit, format_markdown, run_report, summary_line
-from kcache.stats import Stats, load_stats, merge_documents, stats_target, totals, write_stats
-from kcache_schemas.models import RunStatsReport
+from kcache.stats import Stats, load_stats, stats_target, write_stats
+from kcache_schemas.models import EnvFingerprint
+from kcache_schemas.stats import RunStatsReport, StatsDocument, total
 
 pytest_plugins = ["live"]
 
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _doc(**layers: dict[str, Any]) -> dict[str, Any]:
+def _doc(**layers: dict[str, Any]) -> StatsDocument:
     s = Stats()
     for name, c in layers.items():
         for _ in range(c.get("hits", 0)):
@@ -67,11 +68,11 @@ def client_env(tmp_path: Path, **extra: str) -> dict[str, str]:
 
 def test_errors_count_against_the_hit_rate_and_are_never_misses() -> None:
     doc = _doc(kernel={"hits": 31, "misses": 3, "errors": 2}, **{"fx-graph": {"hits": 10, "saved": 3.5}})
-    t = totals(doc["layers"])
-    assert (t["hits"], t["misses"], t["errors"], t["lookups"]) == (41, 3, 2, 46)
-    assert t["hit_rate"] == pytest.approx(100 * 41 / 46)
-    assert t["saved_s"] == pytest.approx(35.0)
-    assert totals({})["hit_rate"] is None
+    t = doc.totals()
+    assert (t.hits, t.misses, t.errors, t.lookups) == (41, 3, 2, 46)
+    assert t.hit_rate == pytest.approx(100 * 41 / 46)
+    assert t.saved_s == pytest.approx(35.0)
+    assert total([]).hit_rate is None
 
 
 def test_summary_line() -> None:
@@ -104,10 +105,10 @@ def test_many_processes_merge_into_one_file_without_losing_counts(tmp_path: Path
     procs = [subprocess.Popen([sys.executable, "-c", _WRITER, str(target), "10"], env=client_env(tmp_path)) for _ in range(6)]
     assert all(p.wait(timeout=60) == 0 for p in procs)
     doc = load_stats(target)
-    assert doc["processes"] == 60 and doc["run_id"] == "ci-7"
-    assert doc["layers"]["kernel"]["hits"] == 60 and doc["layers"]["kernel"]["bytes_down"] == 6000
-    assert doc["layers"]["kernel"]["miss_reasons"] == {"not_found": 60}
-    assert doc["layers"]["fx-graph"]["errors"] == 60 and doc["layers"]["fx-graph"]["misses"] == 0
+    assert doc.processes == 60 and doc.run_id == "ci-7"
+    assert doc.layers["kernel"].hits == 60 and doc.layers["kernel"].bytes_down == 6000
+    assert doc.layers["kernel"].miss_reasons == {"not_found": 60}
+    assert doc.layers["fx-graph"].errors == 60 and doc.layers["fx-graph"].misses == 0
     assert not list(target.parent.glob("*.tmp"))  # every replace completed
 
 
@@ -119,47 +120,48 @@ def test_a_directory_gets_one_file_per_process_and_merges_on_read(tmp_path: Path
     files = sorted(d.iterdir())
     assert len(files) == 3 and all(f.name.startswith("kcache-stats-") and f.suffix == ".json" for f in files)
     doc = load_stats(d)
-    assert doc["processes"] == 6 and doc["layers"]["kernel"]["hits"] == 6
+    assert doc.processes == 6 and doc.layers["kernel"].hits == 6
     assert stats_target(str(tmp_path / "new") + "/").name.startswith("kcache-stats-")  # trailing slash: a dir
     with pytest.raises(FileNotFoundError):
         load_stats(tmp_path / "nothing-here")
 
 
 def test_documents_merge_and_become_run_reports() -> None:
-    a, b = _doc(kernel={"hits": 2}), _doc(kernel={"misses": 1, "errors": 1})
-    a["workload"], b["workload"] = "bert", "bert"
-    merged = merge_documents([a, b])
-    assert merged["processes"] == 2 and merged["workload"] == "bert" and merged["workloads"] == ["bert"]
-    assert merged["layers"]["kernel"]["hits"] == 2 and merged["layers"]["kernel"]["errors"] == 1
-    report = RunStatsReport.model_validate(run_report(a))  # the client's body passes the wire contract
+    a = _doc(kernel={"hits": 2}).model_copy(update={"workload": "bert"})
+    b = _doc(kernel={"misses": 1, "errors": 1}).model_copy(update={"workload": "bert"})
+    merged = StatsDocument.merge([a, b])
+    assert merged.processes == 2 and merged.workload == "bert" and merged.workloads == ["bert"]
+    assert merged.layers["kernel"].hits == 2 and merged.layers["kernel"].errors == 1
+    # The client's body passes the wire contract.
+    report = RunStatsReport.model_validate_json(run_report(a).model_dump_json())
     assert report.workload == "bert" and report.layers["kernel"].hits == 2 and report.pid == os.getpid()
 
 
 def test_a_fleet_mid_upgrade_sees_hit_rates_per_torch_and_triton(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Each process's document carries its environment; merged files and reports break the run
     down per torch/triton pair."""
-    old = [_doc(kernel={"hits": 9, "misses": 1}) for _ in range(2)]
-    new = _doc(kernel={"hits": 1, "misses": 3})
-    for d in old:
-        d["environment"] = {"torch": "2.13.0", "triton": "3.9.0", "cuda": "13.0", "gpu_arch": "sm_90"}
-    new["environment"] = {"torch": "2.15.0", "triton": "3.9.0", "cuda": "13.2", "gpu_arch": "sm_90"}
+    env_old = EnvFingerprint(torch="2.13.0", triton="3.9.0", cuda="13.0", gpu_arch="sm_90")
+    env_new = EnvFingerprint(torch="2.15.0", triton="3.9.0", cuda="13.2", gpu_arch="sm_90")
+    old = [_doc(kernel={"hits": 9, "misses": 1}).model_copy(update={"environment": env_old}) for _ in range(2)]
+    new = _doc(kernel={"hits": 1, "misses": 3}).model_copy(update={"environment": env_new})
     f = tmp_path / "fleet"
     f.mkdir()
     for d in [*old, new]:
         write_stats(f / f"kcache-stats-node-{id(d)}.json", d)  # one file per process, merged when read
     merged = load_stats(f)
-    assert merged["environments"] == [
+    assert [e.model_dump() for e in merged.environments] == [
         {"torch": "2.15.0", "triton": "3.9.0", "processes": 1, "hits": 1, "misses": 3, "errors": 0, "hit_rate": 25.0},
         {"torch": "2.13.0", "triton": "3.9.0", "processes": 2, "hits": 18, "misses": 2, "errors": 0, "hit_rate": 90.0},
     ]
-    assert merge_documents([merged, new])["environments"][0]["processes"] == 2  # merging again adds up
+    assert StatsDocument.merge([merged, new]).environments[0].processes == 2  # merging again adds up
     rc, out, _ = run_cli(capsys, "--file", str(f))
     assert rc == 0
     rows = out.split("Per environment (torch, triton)\n", 1)[1].splitlines()
     assert rows[1].split() == ["torch", "2.15.0,", "triton", "3.9.0", "1", "1", "3", "0", "25.0%"]
     assert rows[2].split() == ["torch", "2.13.0,", "triton", "3.9.0", "2", "18", "2", "0", "90.0%"]
     assert "torch 2.13.0, triton 3.9.0: 90.0% (2 processes)" in format_markdown(merged)
-    assert RunStatsReport.model_validate(run_report(new)).environment.torch == "2.15.0"  # type: ignore[union-attr]
+    report = RunStatsReport.model_validate_json(run_report(new).model_dump_json())
+    assert report.environment is not None and report.environment.torch == "2.15.0"
 
 
 def test_runtime_close_reports_only_when_kcache_did_something(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -177,11 +179,11 @@ def test_runtime_close_reports_only_when_kcache_did_something(tmp_path: Path, ca
     rt.close()  # idempotent: reports once
     assert capsys.readouterr().err.count("kcache: 0 hits, 1 misses, 0 errors (0.0% hit rate) | fx-graph 0/1") == 1
     doc = load_stats(stats_file)
-    assert doc["processes"] == 1 and doc["workload"] == "bert" and doc["run_id"] == "ci-9"
+    assert doc.processes == 1 and doc.workload == "bert" and doc.run_id == "ci-9"
     import torch
 
     # The fingerprint at exit names this process's torch: the file shows it per environment.
-    assert [(e["torch"], e["processes"], e["misses"]) for e in doc["environments"]] == [(torch.__version__, 1, 1)]
+    assert [(e.torch, e.processes, e.misses) for e in doc.environments] == [(torch.__version__, 1, 1)]
 
 
 # ---- kcache stats formats and --fail-under --------------------------------------------------------
@@ -253,8 +255,8 @@ def test_service_down_shows_errors_not_misses_everywhere(tmp_path: Path, capsys:
     line = next(ln for ln in out.stderr.splitlines() if ln.startswith("kcache: "))
     assert line.startswith("kcache: 0 hits, 0 misses, 4 errors (0.0% hit rate) | fx-graph 0/1 (1 errors) | kernel 0/3 (3 errors)")
     doc = load_stats(stats_file)
-    assert doc["layers"]["kernel"]["errors"] == 3 and doc["layers"]["kernel"]["misses"] == 0
-    assert doc["layers"]["kernel"]["error_kinds"] == {"ServiceUnavailable": 3}
+    assert doc.layers["kernel"].errors == 3 and doc.layers["kernel"].misses == 0
+    assert doc.layers["kernel"].error_kinds == {"ServiceUnavailable": 3}
 
     rc, text, _ = run_cli(capsys, "--file", str(stats_file), "--fail-under", "50")
     assert rc == 2
@@ -367,8 +369,8 @@ def test_a_job_twice_cold_then_warm(live_service, real_kernel_dirs, tmp_path: Pa
 
     # The local stats files.
     local1, local2 = load_stats(run1_dir), load_stats(run2_file)
-    assert local1["layers"]["kernel"]["misses"] == n and local1["layers"]["kernel"]["puts"] == n
-    assert local2["processes"] == 2 and local2["layers"]["kernel"]["hits"] == 2 * n and local2["layers"]["kernel"]["bytes_down"] > 0
+    assert local1.layers["kernel"].misses == n and local1.layers["kernel"].puts == n
+    assert local2.processes == 2 and local2.layers["kernel"].hits == 2 * n and local2.layers["kernel"].bytes_down > 0
 
     # The service aggregated each run over its processes.
     runs = httpx.get(f"{url}/v1/default/runs").json()["items"]

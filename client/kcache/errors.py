@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import httpx
-from kcache_schemas import ErrorCode
+from kcache_schemas import ErrorBody, ErrorCode
 
 
 class KcacheError(Exception):
@@ -50,12 +50,8 @@ _BY_CODE: dict[str, type[KcacheError]] = {
 def raise_for_status(response: httpx.Response) -> None:
     if response.is_success or response.is_redirect:
         return
-    code, message = "", response.text[:300]
-    try:
-        err = response.json()["error"]
-        code, message = str(err["code"]), str(err["message"])
-    except Exception:
-        pass
+    err = ErrorBody.parse(response.content)
+    code, message = (err.code, err.message) if err is not None else ("", response.text[:300])
     if response.status_code >= 500:
         raise ServiceUnavailable(f"HTTP {response.status_code}: {message}")
     exc = _BY_CODE.get(code)

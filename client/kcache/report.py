@@ -1,10 +1,10 @@
 """Cache-hit reports: the one-line summary at exit, ``kcache stats`` (text, JSON, Markdown, JUnit),
 ``--fail-under``, and sending a process's stats to its run on the service at exit.
 
-Everything here reads a *stats document* (see :mod:`kcache.stats`): a local one from
-``KCACHE_STATS_FILE`` or a run aggregate from ``GET /v1/{namespace}/runs/{run_id}``, which has the
-same ``layers`` shape. Hit rate is ``hits / (hits + misses + errors)``: errors count against it
-and are always shown on their own, never folded into misses.
+Everything here reads a :class:`kcache_schemas.stats.StatsDocument`: a local one from
+``KCACHE_STATS_FILE`` or a run on the service (``wire.RUN``), whose aggregate converts to one.
+Hit rate is ``hits / (hits + misses + errors)``: errors count against it and are always shown on
+their own, never folded into misses.
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ from typing import TYPE_CHECKING, Any
 from xml.etree import ElementTree as ET
 
 from kcache_schemas import wire
-from kcache_schemas.models import EnvironmentSummary
+from kcache_schemas.stats import LayerCounts, RunAggregate, RunStatsReport, StatsDocument
 
 from kcache import __version__
 from kcache.failopen import warn_once
-from kcache.stats import Stats, load_stats, totals, write_stats
+from kcache.stats import Stats, load_stats, write_stats
 
 if TYPE_CHECKING:
     from kcache.config import ClientConfig
@@ -48,22 +48,8 @@ def _pct(rate: float | None) -> str:
     return "n/a" if rate is None else f"{rate:.1f}%"
 
 
-def _layers(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    layers = doc.get("layers") or {}
-    return {str(k): v for k, v in sorted(layers.items()) if isinstance(v, dict)}
-
-
-def _lookups(c: dict[str, Any]) -> int:
-    return int(c.get("hits", 0)) + int(c.get("misses", 0)) + int(c.get("errors", 0))
-
-
-def _rate(c: dict[str, Any]) -> float | None:
-    n = _lookups(c)
-    return 100.0 * int(c.get("hits", 0)) / n if n else None
-
-
-def overall_rate(doc: dict[str, Any]) -> float | None:
-    return totals(_layers(doc))["hit_rate"]  # type: ignore[no-any-return]
+def overall_rate(doc: StatsDocument) -> float | None:
+    return doc.hit_rate
 
 
 def under_bar(rate: float | None, bar: float | None) -> bool:
@@ -71,21 +57,21 @@ def under_bar(rate: float | None, bar: float | None) -> bool:
     return bar is not None and (rate is None or rate < bar)
 
 
-def describe(doc: dict[str, Any]) -> str:
+def describe(doc: StatsDocument) -> str:
     """"run ci-42 (workload bert, namespace default), 8 processes" or "3 processes"."""
     parts = []
-    if doc.get("run_id"):
-        parts.append(f"run {doc['run_id']}")
+    if doc.run_id:
+        parts.append(f"run {doc.run_id}")
     extra = []
-    if doc.get("workload"):
-        extra.append(f"workload {doc['workload']}")
-    elif doc.get("workloads"):
-        extra.append("workloads " + ", ".join(doc["workloads"]))
-    if doc.get("namespace"):
-        extra.append(f"namespace {doc['namespace']}")
+    if doc.workload:
+        extra.append(f"workload {doc.workload}")
+    elif doc.workloads:
+        extra.append("workloads " + ", ".join(doc.workloads))
+    if doc.namespace:
+        extra.append(f"namespace {doc.namespace}")
     if extra:
         parts.append(f"({', '.join(extra)})")
-    n = int(doc.get("processes") or 1)
+    n = doc.processes or 1
     text = " ".join(parts)
     return f"{text}, {n} process{'es' if n != 1 else ''}" if text else f"{n} process{'es' if n != 1 else ''}"
 
@@ -93,25 +79,23 @@ def describe(doc: dict[str, Any]) -> str:
 # ---- the one-line summary ------------------------------------------------------------------------
 
 
-def summary_line(doc: dict[str, Any]) -> str:
+def summary_line(doc: StatsDocument) -> str:
     """``kcache: 41 hits, 3 misses, 0 errors (93.2% hit rate) | fx-graph 10/10 | kernel 31/34 |
     12.3 MB down, 0.4 MB up, 0.21 s in kcache, ~38.0 s compile saved``"""
-    layers = _layers(doc)
-    t = totals(layers)
-    rate = "no lookups" if t["hit_rate"] is None else f"{t['hit_rate']:.1f}% hit rate"
-    parts = [f"kcache: {t['hits']} hits, {t['misses']} misses, {t['errors']} errors ({rate})"]
-    for name, c in layers.items():
-        n = _lookups(c)
-        if not n:
+    t = doc.totals()
+    rate = "no lookups" if t.hit_rate is None else f"{t.hit_rate:.1f}% hit rate"
+    parts = [f"kcache: {t.hits} hits, {t.misses} misses, {t.errors} errors ({rate})"]
+    for name, c in doc.layers.items():
+        if not c.lookups:
             continue
-        piece = f"{name} {int(c.get('hits', 0))}/{n}"
-        if c.get("errors"):
-            piece += f" ({int(c['errors'])} errors)"
+        piece = f"{name} {c.hits}/{c.lookups}"
+        if c.errors:
+            piece += f" ({c.errors} errors)"
         parts.append(piece)
-    tail = f"{_mb(t['bytes_down'])} down, {_mb(t['bytes_up'])} up"
-    if t["puts"] or t["put_errors"]:
-        tail += f" ({t['puts']} puts" + (f", {t['put_errors']} failed" if t["put_errors"] else "") + ")"
-    tail += f", {t['seconds']:.2f} s in kcache, ~{t['saved_s']:.1f} s compile saved"
+    tail = f"{_mb(t.bytes_down)} down, {_mb(t.bytes_up)} up"
+    if t.puts or t.put_errors:
+        tail += f" ({t.puts} puts" + (f", {t.put_errors} failed" if t.put_errors else "") + ")"
+    tail += f", {t.seconds:.2f} s in kcache, ~{t.saved_s:.1f} s compile saved"
     parts.append(tail)
     return " | ".join(parts)
 
@@ -121,43 +105,41 @@ def summary_line(doc: dict[str, Any]) -> str:
 _COLUMNS = ("hits", "misses", "errors", "lookups", "hit rate", "puts", "put errors", "down", "up", "kcache s", "saved s")
 
 
-def _row(c: dict[str, Any]) -> list[str]:
+def _row(c: LayerCounts) -> list[str]:
     return [
-        str(int(c.get("hits", 0))), str(int(c.get("misses", 0))), str(int(c.get("errors", 0))),
-        str(_lookups(c)), _pct(_rate(c)), str(int(c.get("puts", 0))), str(int(c.get("put_errors", 0))),
-        _mb(float(c.get("bytes_down", 0))), _mb(float(c.get("bytes_up", 0))),
-        f"{float(c.get('seconds', 0.0)):.2f}", f"{float(c.get('saved_s', 0.0)):.1f}",
+        str(c.hits), str(c.misses), str(c.errors), str(c.lookups), _pct(c.hit_rate), str(c.puts), str(c.put_errors),
+        _mb(c.bytes_down), _mb(c.bytes_up), f"{c.seconds:.2f}", f"{c.saved_s:.1f}",
     ]
 
 
-def _reasons(layers: dict[str, dict[str, Any]], field: str) -> list[tuple[str, str, int]]:
+def _reasons(layers: dict[str, LayerCounts], field: str) -> list[tuple[str, str, int]]:
     return [
-        (name, reason, int(n))
+        (name, reason, n)
         for name, c in layers.items()
-        for reason, n in sorted((c.get(field) or {}).items(), key=lambda kv: (-int(kv[1]), kv[0]))
+        for reason, n in sorted(getattr(c, field).items(), key=lambda kv: (-kv[1], kv[0]))
     ]
 
 
-def format_text(doc: dict[str, Any], fail_under: float | None = None) -> str:
-    layers = _layers(doc)
-    t = totals(layers)
+def format_text(doc: StatsDocument, fail_under: float | None = None) -> str:
+    layers = doc.layers
+    t = doc.totals()
     lines = [f"kcache stats: {describe(doc)}", ""]
     rows = [
-        ("Lookups", str(t["lookups"])),
-        ("  hits", str(t["hits"])),
-        ("  misses", str(t["misses"])),
-        ("  errors (service unreachable or bad answers; not misses)", str(t["errors"])),
-        ("Hit rate (hits / lookups)", _pct(t["hit_rate"])),
-        ("Uploads", str(t["puts"])),
-        ("Upload errors", str(t["put_errors"])),
-        ("Skipped (e.g. other GPU target)", str(t["skipped"])),
-        ("Downloaded", _mb(t["bytes_down"])),
-        ("Uploaded", _mb(t["bytes_up"])),
-        ("Time in kcache", f"{t['seconds']:.2f} s"),
-        ("Compile time saved (est.)", f"{t['saved_s']:.1f} s"),
+        ("Lookups", str(t.lookups)),
+        ("  hits", str(t.hits)),
+        ("  misses", str(t.misses)),
+        ("  errors (service unreachable or bad answers; not misses)", str(t.errors)),
+        ("Hit rate (hits / lookups)", _pct(t.hit_rate)),
+        ("Uploads", str(t.puts)),
+        ("Upload errors", str(t.put_errors)),
+        ("Skipped (e.g. other GPU target)", str(t.skipped)),
+        ("Downloaded", _mb(t.bytes_down)),
+        ("Uploaded", _mb(t.bytes_up)),
+        ("Time in kcache", f"{t.seconds:.2f} s"),
+        ("Compile time saved (est.)", f"{t.saved_s:.1f} s"),
     ]
     if fail_under is not None:
-        verdict = "FAIL" if under_bar(t["hit_rate"], fail_under) else "pass"
+        verdict = "FAIL" if under_bar(t.hit_rate, fail_under) else "pass"
         rows.append((f"Bar (--fail-under {fail_under:g}%)", verdict))
     width = max(len(k) for k, _ in rows)
     lines += [f"{k:<{width}}  {v:>12}" for k, v in rows]
@@ -167,7 +149,7 @@ def format_text(doc: dict[str, Any], fail_under: float | None = None) -> str:
         widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
         for r in table:
             lines.append("  " + "  ".join(f"{cell:<{widths[0]}}" if i == 0 else f"{cell:>{widths[i]}}" for i, cell in enumerate(r)))
-    envs = _environments(doc)
+    envs = doc.environment_summaries()
     if envs:
         lines += ["", "Per environment (torch, triton)"]
         table = [["environment", "processes", "hits", "misses", "errors", "hit rate"]] + [
@@ -183,20 +165,15 @@ def format_text(doc: dict[str, Any], fail_under: float | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _environments(doc: dict[str, Any]) -> list[EnvironmentSummary]:
-    """The run per torch/triton pair (merged stats files and the service's run aggregates)."""
-    raw = doc.get("environments")
-    if not isinstance(raw, list):
-        return []
-    return [EnvironmentSummary.model_validate(e) for e in raw if isinstance(e, dict)]
+def _with_rates(c: LayerCounts) -> dict[str, Any]:
+    return {**c.model_dump(), "lookups": c.lookups, "hit_rate": c.hit_rate}
 
 
-def format_json(doc: dict[str, Any], fail_under: float | None = None) -> str:
-    layers = _layers(doc)
-    out = dict(doc)
-    out["layers"] = {name: {**c, "lookups": _lookups(c), "hit_rate": _rate(c)} for name, c in layers.items()}
-    out["totals"] = totals(layers)
-    out["hit_rate"] = out["totals"]["hit_rate"]
+def format_json(doc: StatsDocument, fail_under: float | None = None) -> str:
+    out: dict[str, Any] = doc.model_dump(mode="json")
+    out["layers"] = {name: _with_rates(c) for name, c in doc.layers.items()}
+    out["totals"] = _with_rates(doc.totals())
+    out["hit_rate"] = doc.hit_rate
     if fail_under is not None:
         out["fail_under"] = fail_under
         out["passed"] = not under_bar(out["hit_rate"], fail_under)
@@ -207,25 +184,25 @@ def _md(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def format_markdown(doc: dict[str, Any], fail_under: float | None = None) -> str:
+def format_markdown(doc: StatsDocument, fail_under: float | None = None) -> str:
     """For a CI step summary (``>> $GITHUB_STEP_SUMMARY``)."""
-    layers = _layers(doc)
-    t = totals(layers)
-    head = f"### kcache: {_pct(t['hit_rate'])} hit rate"
+    layers = doc.layers
+    t = doc.totals()
+    head = f"### kcache: {_pct(t.hit_rate)} hit rate"
     if fail_under is not None:
-        head += (" ❌ below" if under_bar(t["hit_rate"], fail_under) else " ✅ at or above") + f" the {fail_under:g}% bar"
+        head += (" ❌ below" if under_bar(t.hit_rate, fail_under) else " ✅ at or above") + f" the {fail_under:g}% bar"
     lines = [head, "", _md(describe(doc)), ""]
-    lines.append(f"**{t['hits']}** hits, **{t['misses']}** misses, **{t['errors']}** errors"
-                 f" · {_mb(t['bytes_down'])} down, {_mb(t['bytes_up'])} up"
-                 f" · {t['seconds']:.2f} s in kcache · ~{t['saved_s']:.1f} s compile saved")
+    lines.append(f"**{t.hits}** hits, **{t.misses}** misses, **{t.errors}** errors"
+                 f" · {_mb(t.bytes_down)} down, {_mb(t.bytes_up)} up"
+                 f" · {t.seconds:.2f} s in kcache · ~{t.saved_s:.1f} s compile saved")
     lines += ["", "| layer | " + " | ".join(_COLUMNS) + " |", "|---|" + "---:|" * len(_COLUMNS)]
     for name, c in layers.items():
         lines.append(f"| {_md(name)} | " + " | ".join(_row(c)) + " |")
     lines.append("| **total** | " + " | ".join(f"**{v}**" for v in _row(t)) + " |")
-    if t["errors"]:
-        lines += ["", f"> **{t['errors']} errors**: lookups that failed (service unreachable, timed out or "
+    if t.errors:
+        lines += ["", f"> **{t.errors} errors**: lookups that failed (service unreachable, timed out or "
                       "answered badly). They count against the hit rate but are not misses."]
-    envs = _environments(doc)
+    envs = doc.environment_summaries()
     if envs:
         lines += ["", "**Per environment:** " + " · ".join(
             f"{_md(e.label)}: {_pct(e.hit_rate)} ({e.processes} process{'es' if e.processes != 1 else ''})" for e in envs
@@ -237,25 +214,23 @@ def format_markdown(doc: dict[str, Any], fail_under: float | None = None) -> str
     return "\n".join(lines) + "\n"
 
 
-def format_junit(doc: dict[str, Any], fail_under: float | None = None) -> str:
+def format_junit(doc: StatsDocument, fail_under: float | None = None) -> str:
     """One ``<testsuite name="kcache">``: an ``overall`` testcase and one per layer; a testcase
     fails when its hit rate is under ``fail_under``; layers with no lookups are skipped."""
-    layers = _layers(doc)
-    t = totals(layers)
+    t = doc.totals()
     cases: list[ET.Element] = []
     failures = skipped = 0
 
-    def case(name: str, c: dict[str, Any]) -> None:
+    def case(name: str, c: LayerCounts) -> None:
         nonlocal failures, skipped
-        el = ET.Element("testcase", classname="kcache", name=name, time=f"{float(c.get('seconds', 0.0)):.3f}")
+        el = ET.Element("testcase", classname="kcache", name=name, time=f"{c.seconds:.3f}")
         props = ET.SubElement(el, "properties")
-        rate = _rate(c)
+        rate = c.hit_rate
         for key in ("hits", "misses", "errors", "puts", "put_errors", "bytes_down", "bytes_up"):
-            ET.SubElement(props, "property", name=key, value=str(int(c.get(key, 0))))
+            ET.SubElement(props, "property", name=key, value=str(getattr(c, key)))
         ET.SubElement(props, "property", name="hit_rate", value="" if rate is None else f"{rate:.2f}")
-        text = (f"{int(c.get('hits', 0))} hits, {int(c.get('misses', 0))} misses, {int(c.get('errors', 0))} errors"
-                f" ({_pct(rate)} hit rate)")
-        if not _lookups(c):
+        text = f"{c.hits} hits, {c.misses} misses, {c.errors} errors ({_pct(rate)} hit rate)"
+        if not c.lookups:
             ET.SubElement(el, "skipped", message="no lookups")
             skipped += 1
         elif under_bar(rate, fail_under):
@@ -267,18 +242,17 @@ def format_junit(doc: dict[str, Any], fail_under: float | None = None) -> str:
         cases.append(el)
 
     case("overall", t)
-    for name, c in layers.items():
+    for name, c in doc.layers.items():
         case(name, c)
-    stamp = doc.get("ended_at")
-    when = datetime.fromtimestamp(float(stamp), timezone.utc) if stamp else datetime.now(timezone.utc)
+    when = datetime.fromtimestamp(doc.ended_at, timezone.utc) if doc.ended_at else datetime.now(timezone.utc)
     suite = ET.Element(
         "testsuite", name="kcache", tests=str(len(cases)), failures=str(failures), errors="0",
-        skipped=str(skipped), time=f"{t['seconds']:.3f}", timestamp=when.strftime("%Y-%m-%dT%H:%M:%S"),
+        skipped=str(skipped), time=f"{t.seconds:.3f}", timestamp=when.strftime("%Y-%m-%dT%H:%M:%S"),
     )
     props = ET.SubElement(suite, "properties")
     for key in ("run_id", "namespace", "workload", "processes"):
-        if doc.get(key) is not None:
-            ET.SubElement(props, "property", name=key, value=str(doc[key]))
+        if getattr(doc, key) is not None:
+            ET.SubElement(props, "property", name=key, value=str(getattr(doc, key)))
     if fail_under is not None:
         ET.SubElement(props, "property", name="fail_under", value=f"{fail_under:g}")
     suite.extend(cases)
@@ -289,7 +263,7 @@ def format_junit(doc: dict[str, Any], fail_under: float | None = None) -> str:
 FORMATTERS = {"text": format_text, "json": format_json, "markdown": format_markdown, "junit": format_junit}
 
 
-def render(doc: dict[str, Any], fmt: str = "text", fail_under: float | None = None) -> str:
+def render(doc: StatsDocument, fmt: str = "text", fail_under: float | None = None) -> str:
     return FORMATTERS[fmt](doc, fail_under)
 
 
@@ -305,11 +279,11 @@ def at_exit(cfg: ClientConfig, stats: Stats, service_down: bool = False) -> None
     try:
         from kcache.fingerprint import current
 
-        doc = stats.document(run_id=cfg.run_id, workload=cfg.workload, namespace=cfg.namespace, environment=current().model_dump())
+        doc = stats.document(run_id=cfg.run_id, workload=cfg.workload, namespace=cfg.namespace, environment=current())
     except Exception as exc:
         warn_once("could not collect stats at exit", exc)
         return
-    if not doc["layers"]:
+    if not doc.layers:
         # A process that did no cache work (an idle compile worker, a runtime replaced before
         # use) reports nothing: it would only add noise lines and inflate the process count.
         return
@@ -328,22 +302,22 @@ def at_exit(cfg: ClientConfig, stats: Stats, service_down: bool = False) -> None
             warn_once(f"could not send stats for run {cfg.run_id}", exc)
 
 
-def run_report(doc: dict[str, Any], report_id: str | None = None) -> dict[str, Any]:
-    """The body of ``POST /v1/{namespace}/runs/{run_id}/stats`` for one process's document."""
-    return {
-        "report_id": report_id or uuid.uuid4().hex,
-        "host": str(doc.get("host", ""))[:255],
-        "pid": int(doc.get("pid", 0)),
-        "workload": doc.get("workload"),
-        "kcache_version": __version__,
-        "started_at": doc.get("started_at") or 0.0,
-        "ended_at": doc.get("ended_at") or 0.0,
-        "environment": doc.get("environment"),
-        "layers": doc.get("layers", {}),
-    }
+def run_report(doc: StatsDocument, report_id: str | None = None) -> RunStatsReport:
+    """What one process's document sends to its run (``wire.RUN_STATS``)."""
+    return RunStatsReport(
+        report_id=report_id or uuid.uuid4().hex,
+        host=(doc.host or "")[:255],
+        pid=doc.pid or 0,
+        workload=doc.workload,
+        kcache_version=__version__,
+        started_at=doc.started_at or 0.0,
+        ended_at=doc.ended_at or 0.0,
+        environment=doc.environment,
+        layers=doc.layers,
+    )
 
 
-def send_run_stats(cfg: ClientConfig, doc: dict[str, Any], service_down: bool = False) -> bool:
+def send_run_stats(cfg: ClientConfig, doc: StatsDocument, service_down: bool = False) -> bool:
     """POST this process's stats to its run; skipped while the service is known to be down."""
     from kcache.http import KcacheClient
 
@@ -359,7 +333,7 @@ def send_run_stats(cfg: ClientConfig, doc: dict[str, Any], service_down: bool = 
     client = KcacheClient(short)
     try:
         # The report id makes a retry idempotent: the service stores one contribution per id.
-        client.post_json(wire.path(wire.RUN_STATS, namespace=cfg.namespace, run_id=cfg.run_id), run_report(doc))
+        client.post_json(wire.path(wire.RUN_STATS, namespace=cfg.namespace, run_id=cfg.run_id), run_report(doc).model_dump(mode="json"))
     finally:
         client.close()
     return True
@@ -368,7 +342,7 @@ def send_run_stats(cfg: ClientConfig, doc: dict[str, Any], service_down: bool = 
 # ---- kcache stats --------------------------------------------------------------------------------
 
 
-def fetch_run(args: argparse.Namespace, run_id: str) -> dict[str, Any]:
+def fetch_run(args: argparse.Namespace, run_id: str) -> StatsDocument:
     from kcache.config import ClientConfig
     from kcache.http import KcacheClient
 
@@ -381,7 +355,7 @@ def fetch_run(args: argparse.Namespace, run_id: str) -> dict[str, Any]:
         body = client.get_json(wire.path(wire.RUN, namespace=config.namespace, run_id=run_id))
     finally:
         client.close()
-    return body if isinstance(body, dict) else {}
+    return RunAggregate.model_validate(body).document()
 
 
 def stats_command(args: argparse.Namespace) -> int:

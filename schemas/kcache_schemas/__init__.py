@@ -6,13 +6,14 @@ ours, and only on pydantic and zstandard from outside.
 """
 
 from kcache_schemas import wire
-from kcache_schemas.errors import ErrorCode, PackError
+from kcache_schemas.errors import ErrorBody, ErrorCode, PackError
 from kcache_schemas.keys import (
     InvalidKeyError,
     normalize_entry_key,
     normalize_kernel_key,
     validate_layer,
     validate_namespace,
+    validate_run_id,
     validate_workload_name,
 )
 from kcache_schemas.models import (
@@ -27,6 +28,7 @@ from kcache_schemas.pack import PackLimits, build_pack, pack_kernel_dir, read_pa
 
 __all__ = [
     "EntryInfo",
+    "ErrorBody",
     "ErrorCode",
     "InvalidKeyError",
     "KernelEntry",
@@ -43,6 +45,7 @@ __all__ = [
     "read_pack",
     "validate_layer",
     "validate_namespace",
+    "validate_run_id",
     "validate_workload_name",
     "wire",
 ]

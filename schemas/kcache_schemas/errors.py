@@ -1,12 +1,17 @@
-"""Error codes on the wire.
+"""Errors on the wire, spelled once for both sides.
 
-The service answers every error as ``{"error": {"code": ..., "message": ...}}``; the client maps
-the code (not the message) to an exception. One list, used by both sides.
+The service answers every error as :class:`ErrorBody` (``{"error": {"code", "message",
+"detail"?}}``) with the status :data:`STATUS` gives its code; the client reads the body with
+:meth:`ErrorBody.parse` and maps the code (not the message) to an exception
+(huggingface_hub's ``errors.py`` + ``hf_raise_for_status`` habit).
 """
 
 from __future__ import annotations
 
 from enum import Enum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 
 class ErrorCode(str, Enum):
@@ -21,6 +26,58 @@ class ErrorCode(str, Enum):
     FORBIDDEN = "forbidden"
     BACKEND_UNAVAILABLE = "backend_unavailable"
     INTERNAL = "internal"
+
+
+# The HTTP status of each code. INVALID_REQUEST is 400 for a request the service refuses and 422
+# for a body that fails validation: the service passes the status where the two differ.
+STATUS: dict[ErrorCode, int] = {
+    ErrorCode.INVALID_KEY: 400,
+    ErrorCode.INVALID_PACK: 400,
+    ErrorCode.INVALID_REQUEST: 400,
+    ErrorCode.KEY_MISMATCH: 400,
+    ErrorCode.CONFLICT: 409,
+    ErrorCode.NOT_FOUND: 404,
+    ErrorCode.TOO_LARGE: 413,
+    ErrorCode.UNAUTHORIZED: 401,
+    ErrorCode.FORBIDDEN: 403,
+    ErrorCode.BACKEND_UNAVAILABLE: 503,
+    ErrorCode.INTERNAL: 500,
+}
+
+
+class ErrorDetail(BaseModel):
+    # ``code`` stays a string: a newer service may answer a code this client does not know.
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    code: str
+    message: str
+    detail: Any = None
+
+
+class ErrorBody(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    error: ErrorDetail
+
+    @classmethod
+    def of(cls, code: ErrorCode, message: str, detail: Any = None) -> ErrorBody:
+        return cls(error=ErrorDetail(code=code.value, message=message, detail=detail))
+
+    @classmethod
+    def parse(cls, body: bytes) -> ErrorDetail | None:
+        """The error a response body carries, or None when it is not an error body (a proxy's
+        HTML page, a truncated answer)."""
+        try:
+            return cls.model_validate_json(body).error
+        except ValidationError:
+            return None
+
+    def content(self) -> dict[str, Any]:
+        """The JSON body (``detail`` only when there is one)."""
+        err: dict[str, Any] = {"code": self.error.code, "message": self.error.message}
+        if self.error.detail is not None:
+            err["detail"] = self.error.detail
+        return {"error": err}
 
 
 class PackError(ValueError):

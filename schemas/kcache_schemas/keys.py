@@ -18,10 +18,12 @@ _LAYER_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,31}$")
 # bounded, and never let them contain a path separator.
 _ENTRY_KEY_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:=+-]{0,511}$")
 _WORKLOAD_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+# A run id (e.g. a CI job id) may carry ':' and '+' (``gh:1234+retry``), never a path separator.
+_RUN_ID_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:+-]{0,127}$")
 
 
 class InvalidKeyError(ValueError):
-    """An identifier (kernel key, namespace, layer, entry key) is malformed."""
+    """An identifier (kernel key, namespace, layer, entry key, workload name, run id) is malformed."""
 
 
 def hex_to_kernel_key(hex_hash: str) -> str:
@@ -73,4 +75,10 @@ def normalize_entry_key(raw: str) -> str:
 def validate_workload_name(raw: str) -> str:
     if not _WORKLOAD_RE.match(raw):
         raise InvalidKeyError(f"workload name {raw[:80]!r} must be 1-128 chars of [A-Za-z0-9_.-]")
+    return raw
+
+
+def validate_run_id(raw: str) -> str:
+    if not _RUN_ID_RE.match(raw):
+        raise InvalidKeyError(f"run id {raw[:80]!r} must be 1-128 chars of [A-Za-z0-9_.:+-]")
     return raw

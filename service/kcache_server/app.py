@@ -11,7 +11,7 @@ from kcache_schemas import PackLimits
 
 from kcache_server import __version__
 from kcache_server.auth import Authenticator
-from kcache_server.errors import install_error_handlers
+from kcache_server.handlers import install_error_handlers
 from kcache_server.metrics import instrument
 from kcache_server.routes import entries, health, kernels, runs, ui, workloads
 from kcache_server.settings import Settings

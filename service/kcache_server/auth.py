@@ -10,9 +10,7 @@ import hashlib
 import hmac
 from dataclasses import dataclass
 
-from kcache_schemas import ErrorCode
-
-from kcache_server.errors import ApiError
+from kcache_server.errors import Forbidden, Unauthorized
 from kcache_server.settings import Scope, TokenGrant
 
 _IMPLIED: dict[str, set[str]] = {"admin": {"admin", "write", "read"}, "write": {"write", "read"}, "read": {"read"}}
@@ -54,20 +52,18 @@ class Authenticator:
         if self.open:
             return OPEN
         if not authorization or not authorization.lower().startswith("bearer "):
-            raise ApiError(401, ErrorCode.UNAUTHORIZED, "missing bearer token (Authorization: Bearer <token>)")
+            raise Unauthorized("missing bearer token (Authorization: Bearer <token>)")
         digest = hashlib.sha256(authorization[7:].strip().encode()).digest()
         match = None
         for stored, principal in self._grants:
             if hmac.compare_digest(stored, digest):
                 match = principal
         if match is None:
-            raise ApiError(401, ErrorCode.UNAUTHORIZED, "unknown bearer token")
+            raise Unauthorized("unknown bearer token")
         return match
 
     def authorize(self, authorization: str | None, namespace: str, scope: Scope) -> Principal:
         principal = self.authenticate(authorization)
         if not principal.allows(namespace, scope):
-            raise ApiError(
-                403, ErrorCode.FORBIDDEN, f"token {principal.name!r} lacks {scope!r} on namespace {namespace!r}"
-            )
+            raise Forbidden(f"token {principal.name!r} lacks {scope!r} on namespace {namespace!r}")
         return principal

@@ -18,6 +18,7 @@ from kcache_schemas import (
 )
 
 from kcache_server.auth import Authenticator, Principal
+from kcache_server.errors import TooLarge
 from kcache_server.settings import Settings
 from kcache_server.store import CacheStore
 
@@ -76,18 +77,14 @@ CanAdmin = Annotated[Principal, Depends(_scope_checker("admin"))]
 
 async def read_body(request: Request, limit: int) -> bytes:
     """Read the request body, refusing (413) past ``limit`` bytes without buffering the excess."""
-    from kcache_schemas import ErrorCode
-
-    from kcache_server.errors import ApiError
-
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise ApiError(413, ErrorCode.TOO_LARGE, f"body of {declared} bytes exceeds the limit of {limit}")
+        raise TooLarge(f"body of {declared} bytes exceeds the limit of {limit}")
     chunks: list[bytes] = []
     total = 0
     async for chunk in request.stream():
         total += len(chunk)
         if total > limit:
-            raise ApiError(413, ErrorCode.TOO_LARGE, f"body exceeds the limit of {limit} bytes")
+            raise TooLarge(f"body exceeds the limit of {limit} bytes")
         chunks.append(chunk)
     return b"".join(chunks)

@@ -10,8 +10,9 @@
 * ``kcache_bytes_received_total{layer}``, ``kcache_bytes_sent_total{layer}``: body bytes; ``layer``
   is ``kernel``, an entry layer, or ``api`` for everything else.
 * ``kcache_storage_bytes{namespace,kind}``, ``kcache_storage_entries{namespace,kind}``: from
-  ``Index.usage()`` at scrape time, cached for a few seconds. Per-run and per-workload kinds
-  (``run/<id>``, ``workload/<name>``) are summed into ``run`` and ``workload``.
+  the store's usage at scrape time, cached for a few seconds. Per-run and per-workload kinds
+  (``run/<id>``, ``workload/<name>``) are summed into ``run`` and ``workload``
+  (:func:`kcache_server.kinds.family`).
 * ``kcache_backend_errors_total{backend}``: every ``BackendUnavailable`` that reached the API's
   error handler (answered 503), or a failed usage scrape.
 
@@ -59,23 +60,8 @@ UNMATCHED = "unmatched"
 _BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
-def kind_label(kind: str) -> str:
-    """``entry/fx-graph`` stays; ``run/<id>`` and ``workload/<name>`` collapse into their family."""
-    head = kind.split("/", 1)[0]
-    return kind if head == "entry" else head
-
-
 def layer_label(layer: str) -> str:
     return layer if layer in KNOWN_LAYERS else "other"
-
-
-def collapse_usage(usage: dict[str, KindUsage]) -> dict[str, KindUsage]:
-    out: dict[str, KindUsage] = {}
-    for kind, u in usage.items():
-        label = kind_label(kind)
-        prev = out.get(label, KindUsage(0, 0))
-        out[label] = KindUsage(prev.entries + u.entries, prev.bytes + u.bytes)
-    return dict(sorted(out.items()))
 
 
 class StorageCollector(Collector):
@@ -95,12 +81,11 @@ class StorageCollector(Collector):
             if store is None:
                 return None
             try:
-                raw = store.index.usage()
+                usage: dict[str, dict[str, KindUsage]] = store.usage()
             except BackendUnavailable as exc:
                 self._metrics.backend_errors.labels(exc.backend).inc()
                 log.warning("storage usage scrape failed: %s", exc)
                 return self._cached[1] if self._cached else None
-            usage = {ns: collapse_usage(kinds) for ns, kinds in raw.items()}
             self._cached = (now, usage)
             return usage
 

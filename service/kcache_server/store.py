@@ -1,4 +1,7 @@
-"""The commit protocol on top of a blob store and an index.
+"""The cache's domain: kernels and entries on top of a blob store and an index, with the commit
+protocol. Routes reach storage only through here (and :mod:`kcache_server.runs`,
+:mod:`kcache_server.workloads`); it returns domain models and raises
+:mod:`kcache_server.errors`, which one handler maps to HTTP.
 
 Every write: verify the payload → write the blob (content-addressed) → check the blob is there
 with the right size → insert the index record (the commit point; first writer wins). Entries are
@@ -9,35 +12,59 @@ A record whose blob has vanished is a miss and is removed (the cache repairs its
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import logging
 import threading
 import time
-from collections import Counter
-from dataclasses import dataclass
+from collections import Counter, deque
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from typing import Literal
 
 from kcache_schemas import (
     EntryInfo,
-    ErrorCode,
+    InvalidKeyError,
     KernelEntry,
     KernelManifest,
     PackLimits,
     Producer,
-    wire,
+    normalize_kernel_key,
 )
 from kcache_schemas.pack import read_pack
 
-from kcache_server.errors import ApiError, not_found
+from kcache_server.errors import Conflict, KeyMismatch, NotFound
+from kcache_server.kinds import KERNEL, collapse_usage, entry_kind
 from kcache_server.storage import BackendUnavailable, BlobNotFound, BlobStore, Index, IndexRecord
+from kcache_server.storage.base import KindUsage
 
 log = logging.getLogger("kcache_server.store")
 
-KERNEL = wire.CacheLayer.KERNEL.value
+_PAGE = 1000
+# Remote blob stores (S3) are read this many at a time by a batch get.
+_FETCH_AHEAD = 16
+# Top-kernel queries scan the namespace's kernel records; stop somewhere sane.
+_TOP_SCAN_LIMIT = 200_000
 
 
-def entry_kind(layer: str) -> str:
-    return f"entry/{layer}"
+@dataclass(frozen=True)
+class BatchGet:
+    """A batch get's answer: which keys are found, missing or invalid, and their packs (read
+    lazily, in ``found`` order; a pack whose blob vanished since the lookup is left out)."""
+
+    found: list[str]
+    missing: list[str]
+    invalid: list[str]
+    packs: Iterator[tuple[str, bytes]] = field(repr=False)
+
+
+@dataclass(frozen=True)
+class TopKernel:
+    entry: KernelEntry
+    hits: int
+    last_access: float | None
 
 
 @dataclass(frozen=True)
@@ -117,11 +144,9 @@ class CacheStore:
     def _resolve_existing(self, existing: IndexRecord, new: IndexRecord) -> PutResult:
         if _content_id(existing) == _content_id(new):
             return PutResult(created=False, meta=existing.meta)
-        raise ApiError(
-            409,
-            ErrorCode.CONFLICT,
+        raise Conflict(
             f"{new.key} already exists in namespace {new.namespace!r} with different content; "
-            "entries are write-once",
+            "entries are write-once"
         )
 
     def _read_blob(self, record: IndexRecord) -> bytes:
@@ -132,14 +157,14 @@ class CacheStore:
             # so the next writer can repopulate it, and report a miss.
             log.warning("blob %s for %s/%s vanished; removing index record", record.digest, record.kind, record.key)
             self.index.delete(record.namespace, record.kind, record.key, digest=record.digest)
-            raise not_found(f"{record.kind} {record.key}") from None
+            raise NotFound(f"{record.kind} {record.key}") from None
 
     # ---- kernels ------------------------------------------------------------------------
 
     def put_kernel(self, namespace: str, key: str, pack: bytes) -> tuple[KernelEntry, bool]:
         manifest, _files = read_pack(pack, self.limits)
         if manifest.key != key:
-            raise ApiError(400, ErrorCode.KEY_MISMATCH, f"pack is for kernel {manifest.key}, not {key}")
+            raise KeyMismatch(f"pack is for kernel {manifest.key}, not {key}")
         entry = _kernel_entry(namespace, manifest, len(pack))
         record = IndexRecord(
             namespace=namespace,
@@ -156,7 +181,7 @@ class CacheStore:
     def kernel_record(self, namespace: str, key: str) -> IndexRecord:
         record = self.index.get(namespace, KERNEL, key)
         if record is None:
-            raise not_found(f"kernel {key}")
+            raise NotFound(f"kernel {key}")
         return record
 
     def kernel_entry(self, namespace: str, key: str) -> KernelEntry:
@@ -172,18 +197,79 @@ class CacheStore:
         _record, pack = self.kernel_pack(namespace, key)
         _manifest, files = read_pack(pack, self.limits)
         if filename not in files:
-            raise not_found(f"file {filename} of kernel {key}")
+            raise NotFound(f"file {filename} of kernel {key}")
         return files[filename]
 
-    def missing_kernels(self, namespace: str, keys: list[str]) -> list[str]:
-        return self.index.missing(namespace, KERNEL, keys)
+    def kernel_download_url(self, namespace: str, key: str, expires_s: int) -> str | None:
+        """A presigned URL of the kernel's pack where the blob store makes them (S3), else None."""
+        record = self.kernel_record(namespace, key)
+        url = self.blobs.presigned_get_url(record.digest, expires_s)
+        if url is not None:
+            self.access.record(namespace, KERNEL, [key])
+        return url
+
+    def missing_kernels(self, namespace: str, keys: list[str]) -> tuple[list[str], list[str]]:
+        """``(missing, invalid)`` of the given keys (valid ones normalised)."""
+        valid, invalid = split_kernel_keys(keys)
+        return self.index.missing(namespace, KERNEL, valid), invalid
+
+    def batch_get(self, namespace: str, keys: list[str]) -> BatchGet:
+        valid, invalid = split_kernel_keys(keys)
+        unique = list(dict.fromkeys(valid))
+        records = self.index.get_many(namespace, KERNEL, unique)
+        found = [k for k in unique if k in records]
+        missing = [k for k in unique if k not in records]
+
+        def packs() -> Iterator[tuple[str, bytes]]:
+            for key, data in self._read_blobs([(k, records[k].digest) for k in found]):
+                if data is not None:  # vanished between lookup and read: the client sees a miss
+                    yield key, data
+            self.access.record(namespace, KERNEL, found)
+
+        return BatchGet(found, missing, invalid, packs())
+
+    def _read_blobs(self, wanted: list[tuple[str, str]]) -> Iterator[tuple[str, bytes | None]]:
+        """``(key, blob or None if gone)`` in order. Remote blob stores (S3) are read up to
+        _FETCH_AHEAD at a time: one GET after another made a bulk pull wait on 500 round trips.
+        Errors other than a vanished blob surface in order, as from a plain loop."""
+
+        def get(digest: str) -> bytes | None:
+            try:
+                return self.blobs.get(digest)
+            except BlobNotFound:
+                return None
+
+        if self.blobs.name == "file" or len(wanted) < 2:  # local reads: threads would only add cost
+            for key, digest in wanted:
+                yield key, get(digest)
+            return
+        with ThreadPoolExecutor(max_workers=_FETCH_AHEAD, thread_name_prefix="kcache-batch-get") as pool:
+            todo = iter(wanted)
+            window: deque[tuple[str, Future[bytes | None]]] = deque(
+                (key, pool.submit(get, digest)) for key, digest in itertools.islice(todo, _FETCH_AHEAD)
+            )
+            while window:
+                key, future = window.popleft()
+                for nxt, digest in itertools.islice(todo, 1):
+                    window.append((nxt, pool.submit(get, digest)))
+                yield key, future.result()
 
     def list_kernels(self, namespace: str, after: str, prefix: str, limit: int) -> list[KernelEntry]:
         return [KernelEntry.model_validate_json(r.meta) for r in self.index.list(namespace, KERNEL, after=after, prefix=prefix, limit=limit)]
 
-    def delete(self, namespace: str, kind: str, key: str) -> None:
-        if not self.index.delete(namespace, kind, key):
-            raise not_found(f"{kind} {key}")
+    def top_kernels(self, namespace: str, by: Literal["size", "hits"], limit: int) -> tuple[int, list[TopKernel]]:
+        """``(records scanned, the top ``limit`` kernels by stored size or by hits)``."""
+        records = self.all_records(namespace, KERNEL, limit=_TOP_SCAN_LIMIT)
+        if by == "size":
+            records.sort(key=lambda r: (r.size, r.key), reverse=True)
+        else:
+            records.sort(key=lambda r: (r.hits, r.last_access, r.key), reverse=True)
+        top = [TopKernel(KernelEntry.model_validate_json(r.meta), r.hits, r.last_access or None) for r in records[:limit]]
+        return len(records), top
+
+    def delete_kernel(self, namespace: str, key: str) -> None:
+        if not self.index.delete(namespace, KERNEL, key):
+            raise NotFound(f"{KERNEL} {key}")
 
     # ---- opaque Inductor cache entries ------------------------------------------------------
 
@@ -212,14 +298,69 @@ class CacheStore:
     def entry_record(self, namespace: str, layer: str, key: str) -> IndexRecord:
         record = self.index.get(namespace, entry_kind(layer), key)
         if record is None:
-            raise not_found(f"{layer} entry {key}")
+            raise NotFound(f"{layer} entry {key}")
         return record
+
+    def delete_entry(self, namespace: str, layer: str, key: str) -> None:
+        kind = entry_kind(layer)
+        if not self.index.delete(namespace, kind, key):
+            raise NotFound(f"{kind} {key}")
 
     def entry_bytes(self, namespace: str, layer: str, key: str) -> tuple[IndexRecord, bytes]:
         record = self.entry_record(namespace, layer, key)
         data = self._read_blob(record)
         self.access.record(namespace, record.kind, [key])
         return record, data
+
+    # ---- the whole store --------------------------------------------------------------------
+
+    def all_records(self, namespace: str, kind: str, limit: int | None = None) -> list[IndexRecord]:
+        """Every record of a kind (paged through the index), up to ``limit``."""
+        records: list[IndexRecord] = []
+        after = ""
+        while limit is None or len(records) < limit:
+            page = self.index.list(namespace, kind, after=after, limit=_PAGE)
+            if not page:
+                break
+            records += page
+            after = page[-1].key
+        return records
+
+    def kinds(self, namespace: str) -> dict[str, KindUsage]:
+        """Entries and bytes per record kind (uncollapsed: ``workload/<name>`` each)."""
+        return self.index.usage().get(namespace, {})
+
+    def usage(self) -> dict[str, dict[str, KindUsage]]:
+        """Entries and bytes per namespace and kind family (see :func:`kcache_server.kinds.family`)."""
+        return {ns: collapse_usage(kinds) for ns, kinds in self.index.usage().items()}
+
+    def namespaces(self) -> set[str]:
+        """Namespaces that hold anything."""
+        return set(self.index.usage())
+
+    def readiness(self) -> dict[str, str]:
+        """``"ok"`` or what is wrong, for each backend."""
+        checks: dict[str, str] = {}
+        for name, backend in (("blobs", self.blobs), ("index", self.index)):
+            try:
+                backend.ping()
+                checks[name] = "ok"
+            except BackendUnavailable as exc:
+                checks[name] = str(exc)
+            except Exception as exc:  # a backend bug must still read as "not ready", not a 500
+                checks[name] = f"{type(exc).__name__}: {exc}"
+        return checks
+
+
+def split_kernel_keys(raw: list[str]) -> tuple[list[str], list[str]]:
+    """``(valid keys normalised, invalid keys as given)``: bulk requests answer both."""
+    valid, invalid = [], []
+    for k in raw:
+        try:
+            valid.append(normalize_kernel_key(k))
+        except InvalidKeyError:
+            invalid.append(k)
+    return valid, invalid
 
 
 def _content_id(record: IndexRecord) -> str:

@@ -22,7 +22,6 @@ from kcache_server.deps import (
     StoreDep,
     read_body,
 )
-from kcache_server.store import entry_kind
 
 router = APIRouter(tags=["entries"])
 
@@ -68,5 +67,5 @@ def entry_info(namespace: Namespace, layer: Layer, key: EntryKey, store: StoreDe
 
 @router.delete(wire.ENTRY, status_code=204, summary="Remove an entry (admin)")
 def delete_entry(namespace: Namespace, layer: Layer, key: EntryKey, store: StoreDep, _: CanAdmin) -> Response:
-    store.delete(namespace, entry_kind(layer), key)
+    store.delete_entry(namespace, layer, key)
     return Response(status_code=204)

@@ -3,18 +3,15 @@
 from __future__ import annotations
 
 import io
-import itertools
 import json
 import tarfile
-from collections import deque
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import RedirectResponse, StreamingResponse
-from kcache_schemas import InvalidKeyError, KernelEntry, normalize_kernel_key, wire
+from kcache_schemas import InvalidKeyError, KernelEntry, wire
 from kcache_schemas.models import (
     BatchGetRequest,
     KernelList,
@@ -35,13 +32,10 @@ from kcache_server.deps import (
     read_body,
 )
 from kcache_server.metrics import record_batch_lookups
-from kcache_server.storage import BlobNotFound
-from kcache_server.store import KERNEL, CacheStore
 
 router = APIRouter(tags=["kernels"])
 
 _BATCH_CHUNK = 256 << 10
-_FETCH_AHEAD = 16
 _TEXT_SUFFIXES = (".source", ".ttir", ".ttgir", ".llir", ".ptx", ".amdgcn", ".json")
 
 
@@ -71,10 +65,8 @@ async def put_kernel(
             responses={200: {"content": {MEDIA_TYPE: {}}}, 307: {"description": "presigned blob URL"}})
 def get_kernel(namespace: Namespace, key: KernelKey, store: StoreDep, settings: SettingsDep, _: CanRead) -> Response:
     if settings.presigned_downloads:
-        record = store.kernel_record(namespace, key)
-        url = store.blobs.presigned_get_url(record.digest, settings.presign_expires_s)
+        url = store.kernel_download_url(namespace, key, settings.presign_expires_s)
         if url is not None:
-            store.access.record(namespace, KERNEL, [key])
             return RedirectResponse(url, status_code=307)
     record, data = store.kernel_pack(namespace, key)
     entry = KernelEntry.model_validate_json(record.meta)
@@ -107,51 +99,14 @@ def get_file(namespace: Namespace, key: KernelKey, filename: str, store: StoreDe
 
 @router.delete(wire.KERNEL, status_code=204, summary="Remove a kernel (admin)")
 def delete_kernel(namespace: Namespace, key: KernelKey, store: StoreDep, _: CanAdmin) -> Response:
-    store.delete(namespace, KERNEL, key)
+    store.delete_kernel(namespace, key)
     return Response(status_code=204)
-
-
-def _split_keys(raw: list[str]) -> tuple[list[str], list[str]]:
-    valid, invalid = [], []
-    for k in raw:
-        try:
-            valid.append(normalize_kernel_key(k))
-        except InvalidKeyError:
-            invalid.append(k)
-    return valid, invalid
 
 
 @router.post(wire.KERNELS_MISSING, response_model=MissingResponse, summary="Which of these keys are not stored")
 def missing_kernels(body: MissingRequest, namespace: Namespace, store: StoreDep, _: CanRead) -> MissingResponse:
-    valid, invalid = _split_keys(body.keys)
-    return MissingResponse(missing=store.missing_kernels(namespace, valid), invalid=invalid)
-
-
-def _fetch_ahead(store: CacheStore, wanted: list[tuple[str, str]]) -> Iterator[tuple[str, bytes | None]]:
-    """``(key, blob or None if gone)`` in order. Remote blob stores (S3) are read up to
-    _FETCH_AHEAD at a time: one GET after another made a bulk pull wait on 500 round trips.
-    Errors other than a vanished blob surface in order, as from a plain loop."""
-
-    def get(digest: str) -> bytes | None:
-        try:
-            return store.blobs.get(digest)
-        except BlobNotFound:
-            return None
-
-    if store.blobs.name == "file" or len(wanted) < 2:  # local reads: threads would only add cost
-        for key, digest in wanted:
-            yield key, get(digest)
-        return
-    with ThreadPoolExecutor(max_workers=_FETCH_AHEAD, thread_name_prefix="kcache-batch-get") as pool:
-        todo = iter(wanted)
-        window: deque[tuple[str, Future[bytes | None]]] = deque(
-            (key, pool.submit(get, digest)) for key, digest in itertools.islice(todo, _FETCH_AHEAD)
-        )
-        while window:
-            key, future = window.popleft()
-            for nxt, digest in itertools.islice(todo, 1):
-                window.append((nxt, pool.submit(get, digest)))
-            yield key, future.result()
+    missing, invalid = store.missing_kernels(namespace, body.keys)
+    return MissingResponse(missing=missing, invalid=invalid)
 
 
 @router.post(wire.KERNELS_BATCH_GET, summary="Many packs in one streamed response",
@@ -160,10 +115,8 @@ def batch_get(request: Request, body: BatchGetRequest, namespace: Namespace, sto
     """An uncompressed tar stream: first ``index.json`` (``{"found": [...], "missing": [...],
     "invalid": [...]}``), then ``<key>.kpack`` for each found key, in that order. Packs are
     already compressed, so the outer tar adds only headers."""
-    valid, invalid = _split_keys(body.keys)
-    records = store.index.get_many(namespace, KERNEL, list(dict.fromkeys(valid)))
-    found = [k for k in dict.fromkeys(valid) if k in records]
-    record_batch_lookups(request, len(found), len(dict.fromkeys(valid)) - len(found))
+    batch = store.batch_get(namespace, body.keys)
+    record_batch_lookups(request, len(batch.found), len(batch.missing))
 
     def stream() -> Iterator[bytes]:
         buf = io.BytesIO()
@@ -178,22 +131,18 @@ def batch_get(request: Request, body: BatchGetRequest, namespace: Namespace, sto
             buf.truncate()
             return out
 
-        missing = [k for k in dict.fromkeys(valid) if k not in records]
-        yield add(wire.BATCH_INDEX, json.dumps({"found": found, "missing": missing, "invalid": invalid}).encode())
+        index = {"found": batch.found, "missing": batch.missing, "invalid": batch.invalid}
+        yield add(wire.BATCH_INDEX, json.dumps(index).encode())
         # Starlette runs each step of a sync iterator in the threadpool: one hop per pack was
         # most of the time of a bulk pull. Hand over about _BATCH_CHUNK bytes at a time.
         pending: list[bytes] = []
         size = 0
-        for key, data in _fetch_ahead(store, [(k, records[k].digest) for k in found]):
-            if data is None:
-                # Vanished between lookup and read: leave it out; the client treats it as a miss.
-                continue
+        for key, data in batch.packs:
             pending.append(add(wire.batch_member(key), data))
             size += len(pending[-1])
             if size >= _BATCH_CHUNK:
                 yield b"".join(pending)
                 pending, size = [], 0
-        store.access.record(namespace, KERNEL, found)
         tf.close()
         pending.append(buf.getvalue())
         yield b"".join(pending)

@@ -12,7 +12,7 @@ from pathlib import Path
 from fastapi import APIRouter
 from fastapi.responses import FileResponse, Response
 
-from kcache_server.errors import not_found
+from kcache_server.errors import NotFound
 
 router = APIRouter(tags=["dashboard"], include_in_schema=False)
 
@@ -34,7 +34,7 @@ def _static(name: str) -> Response:
     path = UI_DIR / name
     # Only plain files directly in the ui dir, by exact name: no traversal, no dotfiles.
     if "/" in name or "\\" in name or name.startswith(".") or path.suffix not in _MEDIA or not path.is_file():
-        raise not_found(f"dashboard file {name}")
+        raise NotFound(f"dashboard file {name}")
     return FileResponse(path, media_type=_MEDIA[path.suffix], headers=_HEADERS)
 
 

@@ -1,0 +1,41 @@
+"""The kinds of index record, spelled once: what the store, the domain modules and the metrics
+agree on. A record's kind is ``kernel``, ``entry/<layer>``, ``workload/<name>`` (one record per
+published run), ``run/<run id>`` (one per process report) or ``run`` (one marker per run)."""
+
+from __future__ import annotations
+
+from kcache_schemas import wire
+
+from kcache_server.storage.base import KindUsage
+
+KERNEL = wire.CacheLayer.KERNEL.value
+RUN = "run"
+WORKLOAD = "workload"
+
+
+def entry_kind(layer: str) -> str:
+    return f"entry/{layer}"
+
+
+def run_kind(run_id: str) -> str:
+    return f"{RUN}/{run_id}"
+
+
+def workload_kind(name: str) -> str:
+    return f"{WORKLOAD}/{name}"
+
+
+def family(kind: str) -> str:
+    """``entry/fx-graph`` stays; ``run/<id>`` and ``workload/<name>`` collapse into their family
+    (bounded label sets for metrics, one line per family in usage)."""
+    head = kind.split("/", 1)[0]
+    return kind if head == "entry" else head
+
+
+def collapse_usage(usage: dict[str, KindUsage]) -> dict[str, KindUsage]:
+    out: dict[str, KindUsage] = {}
+    for kind, u in usage.items():
+        label = family(kind)
+        prev = out.get(label, KindUsage(0, 0))
+        out[label] = KindUsage(prev.entries + u.entries, prev.bytes + u.bytes)
+    return dict(sorted(out.items()))

@@ -1,0 +1,74 @@
+"""Runs: cache-hit statistics per CI job or training run, summed over its processes.
+
+A *run* is what clients with the same ``KCACHE_RUN_ID`` did (a CI job, a training job across its
+ranks). Each process reports its own counters at exit; each report is its own index record (kind
+``run/<run_id>``, key ``<host>-<pid>-<report id>``), so concurrent ranks never overwrite each
+other and a retried report is stored once. Reads sum the reports. A small ``run`` marker per run
+(key ``run_id``) remembers when it was last reported to, for listing runs newest first.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+
+from kcache_schemas.stats import RunAggregate, RunList, RunStatsReport, StatsDocument
+
+from kcache_server.errors import NotFound
+from kcache_server.kinds import RUN, run_kind
+from kcache_server.storage import IndexRecord
+from kcache_server.store import CacheStore
+
+_HOST_RE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def record_report(store: CacheStore, namespace: str, run_id: str, report: RunStatsReport) -> tuple[str, bool]:
+    """Store one process's report; ``(its key, whether it is new)``."""
+    host = _HOST_RE.sub("_", report.host)[:64] or "host"
+    key = f"{host}-{report.pid}-{report.report_id}"
+    meta = report.model_dump_json()
+    record = IndexRecord(namespace=namespace, kind=run_kind(run_id), key=key, digest="", size=len(meta), meta=meta)
+    stored = store.index.put_if_absent(record)
+    now = time.time()
+    existing = store.index.get(namespace, RUN, run_id)
+    first = now
+    workloads: set[str] = set()
+    if existing is not None:
+        try:
+            old = json.loads(existing.meta)
+            first = float(old.get("first_at", existing.created_at))
+            workloads = set(old.get("workloads", []))
+        except (ValueError, TypeError):
+            pass
+    if report.workload:
+        workloads.add(report.workload)
+    # Read-modify-write of a small "last reported" marker: a lost race loses at most a workload
+    # name in the listing filter, never counts (those live in the per-report records).
+    summary = json.dumps({"run_id": run_id, "first_at": first, "updated_at": now, "workloads": sorted(workloads)})
+    store.index.upsert(IndexRecord(namespace=namespace, kind=RUN, key=run_id, digest="", size=len(summary), meta=summary, created_at=now))
+    return key, stored.created_at == record.created_at
+
+
+def _load(store: CacheStore, namespace: str, run_id: str) -> RunAggregate | None:
+    reports = [RunStatsReport.model_validate_json(r.meta) for r in store.all_records(namespace, run_kind(run_id))]
+    if not reports:
+        return None
+    return RunAggregate.of(namespace, run_id, StatsDocument.merge(r.document() for r in reports))
+
+
+def get_run(store: CacheStore, namespace: str, run_id: str) -> RunAggregate:
+    run = _load(store, namespace, run_id)
+    if run is None:
+        raise NotFound(f"run {run_id}")
+    return run
+
+
+def list_runs(store: CacheStore, namespace: str, limit: int, workload: str | None = None) -> RunList:
+    """Recent runs, newest first (optionally only those a workload took part in)."""
+    markers = store.all_records(namespace, RUN)
+    if workload:
+        markers = [m for m in markers if workload in json.loads(m.meta).get("workloads", [])]
+    markers.sort(key=lambda m: (m.created_at, m.key), reverse=True)
+    runs = (_load(store, namespace, m.key) for m in markers[:limit])
+    return RunList(items=[run.summary() for run in runs if run is not None])

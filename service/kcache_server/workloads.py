@@ -1,0 +1,69 @@
+"""Workloads: the kernels and entries a job used, published at its exit, prefetched by the next.
+
+Each published run is its own record (kind ``workload/<name>``, key ``<fingerprint id>/<content
+hash>``), so concurrent publishers never overwrite each other; a view merges every run of one
+environment. Identical publishes collapse into one record.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from kcache_schemas.models import (
+    EntryRef,
+    EnvFingerprint,
+    WorkloadManifest,
+    WorkloadSummary,
+    WorkloadView,
+)
+
+from kcache_server.errors import InvalidRequest, NotFound
+from kcache_server.kinds import WORKLOAD, workload_kind
+from kcache_server.storage import IndexRecord
+from kcache_server.store import CacheStore
+
+
+def publish(store: CacheStore, namespace: str, name: str, manifest: WorkloadManifest) -> tuple[str, str, bool]:
+    """Record one run's manifest; ``(fingerprint id, run key, whether it is new)``."""
+    if manifest.name != name:
+        raise InvalidRequest(f"body names workload {manifest.name!r}, the URL {name!r}")
+    canonical = json.dumps({"k": sorted(manifest.kernels), "e": sorted((e.layer, e.key) for e in manifest.entries)})
+    key = f"{manifest.fingerprint.id}/{hashlib.sha256(canonical.encode()).hexdigest()[:32]}"
+    record = IndexRecord(namespace=namespace, kind=workload_kind(name), key=key, digest="", size=len(canonical), meta=manifest.model_dump_json())
+    stored = store.index.put_if_absent(record)
+    return manifest.fingerprint.id, key, stored.created_at == record.created_at
+
+
+def view(store: CacheStore, namespace: str, name: str, fingerprint: str | None = None) -> WorkloadView:
+    """The merged manifest of one environment's runs (default: the newest run's environment).
+    With no run in that environment, the view is empty and names the environments there are:
+    the client turns that into a miss reason."""
+    records = store.all_records(namespace, workload_kind(name))
+    if not records:
+        raise NotFound(f"workload {name}")
+    runs = [WorkloadManifest.model_validate_json(r.meta) for r in records]
+    fp_id = fingerprint or max(records, key=lambda r: r.created_at).key.split("/")[0]
+    mine = [m for m in runs if m.fingerprint.id == fp_id]
+    others = {m.fingerprint.id: m.fingerprint for m in runs if m.fingerprint.id != fp_id}
+    if not mine:
+        return WorkloadView(name=name, fingerprint=EnvFingerprint(), kernels=[], entries=[], runs=0, other_fingerprints=list(others.values()))
+    kernels = sorted({k for m in mine for k in m.kernels})
+    entries = sorted({(e.layer, e.key) for m in mine for e in m.entries})
+    return WorkloadView(
+        name=name, fingerprint=mine[0].fingerprint, kernels=kernels,
+        entries=[EntryRef(layer=layer, key=key) for layer, key in entries], runs=len(mine),
+        other_fingerprints=list(others.values()),
+    )
+
+
+def summaries(store: CacheStore, namespace: str) -> list[WorkloadSummary]:
+    """Every workload of the namespace with its runs' environments."""
+    prefix = WORKLOAD + "/"
+    out = []
+    for kind in sorted(k for k in store.kinds(namespace) if k.startswith(prefix)):
+        name = kind[len(prefix):]
+        manifests = [WorkloadManifest.model_validate_json(r.meta) for r in store.all_records(namespace, kind)]
+        fps = {m.fingerprint.id: m.fingerprint for m in manifests}
+        out.append(WorkloadSummary(name=name, runs=len(manifests), fingerprints=list(fps.values())))
+    return out
