@@ -138,9 +138,9 @@ def _warm(args: argparse.Namespace) -> int:
     entries into kcache's local tier (and kernel dirs into ``--dest``, if given), so the job
     itself needs no network: its Triton cache manager emits each kernel from the local tier into
     whichever dir that job's Triton or Inductor uses."""
-    from kcache.config import default_local_dir
+    from dataclasses import replace
+
     from kcache.fingerprint import current
-    from kcache.local_store import LocalEntryStore
     from kcache.workload import fetch_view, pull_workload
 
     client = _client(args)
@@ -153,7 +153,8 @@ def _warm(args: argparse.Namespace) -> int:
         print(f"kcache warm: workload {args.workload!r} has no runs for this environment ({current().describe()}); it has: {known}", file=sys.stderr)
         return 1
     dest = Path(args.dest) if args.dest else None
-    local = LocalEntryStore(Path(args.local_dir) if args.local_dir else default_local_dir(), client.config.namespace)
+    config = replace(client.config, local_dir=args.local_dir) if args.local_dir else client.config
+    local = config.local_store()
     import time
 
     t0 = time.perf_counter()

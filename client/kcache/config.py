@@ -11,7 +11,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from kcache.local_store import LocalEntryStore
 
 Mode = Literal["readwrite", "readonly", "off"]
 _MODES = ("readwrite", "readonly", "off")
@@ -27,6 +30,27 @@ def _float(name: str, default: float) -> float:
 def _int(name: str, default: int) -> int:
     try:
         return int(os.environ.get(name, default))
+    except ValueError:
+        return default
+
+
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+DEFAULT_LOCAL_MAX_BYTES = 10 << 30  # as sccache's default: a few max-autotune models fit
+
+
+def parse_bytes(raw: str) -> int:
+    """``1073741824``, ``512M``, ``10G``, ``1.5GiB`` -> bytes. Raises ValueError."""
+    text = raw.strip().lower().removesuffix("ib").removesuffix("b")
+    unit = text[-1:] if text[-1:] in _UNITS and text[-1:] else ""
+    value = float(text[: len(text) - len(unit)] if unit else text)
+    if value < 0:
+        raise ValueError(f"negative size {raw!r}")
+    return int(value * _UNITS[unit])
+
+
+def _bytes(name: str, default: int) -> int:
+    try:
+        return parse_bytes(os.environ[name]) if os.environ.get(name) else default
     except ValueError:
         return default
 
@@ -57,9 +81,16 @@ class ClientConfig:
     coordesc_reuse: bool = True
     triton_manager: bool = True
     local_dir: str | None = None
+    local_max_bytes: int = DEFAULT_LOCAL_MAX_BYTES  # 0: unbounded
 
     def local_root(self) -> Path:
         return Path(self.local_dir) if self.local_dir else default_local_dir()
+
+    def local_store(self) -> LocalEntryStore:
+        """The local tier of this service and namespace, bounded as configured."""
+        from kcache.local_store import LocalEntryStore
+
+        return LocalEntryStore(self.local_root(), self.namespace, url=self.url, max_bytes=self.local_max_bytes or None)
 
     @property
     def enabled(self) -> bool:
@@ -95,6 +126,7 @@ class ClientConfig:
             coordesc_reuse=os.environ.get("KCACHE_COORDESC_REUSE", "1") != "0",
             triton_manager=os.environ.get("KCACHE_TRITON_MANAGER", "1") != "0",
             local_dir=os.environ.get("KCACHE_LOCAL_DIR") or None,
+            local_max_bytes=_bytes("KCACHE_LOCAL_MAX_BYTES", DEFAULT_LOCAL_MAX_BYTES),
         )
         return replace(cfg, **{k: v for k, v in overrides.items() if v is not None})
 

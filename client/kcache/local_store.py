@@ -1,19 +1,49 @@
-"""The client's local tier for opaque cache entries (``$KCACHE_LOCAL_DIR``, default
-``~/.cache/kcache/client``): filled by prefetch and ``kcache warm``, read before the network, so a
-warmed node needs no network at all. Kernels need no such tier: they live in Triton's own dirs.
+"""The client's local tier for opaque cache entries and prefetched kernel packs
+(``$KCACHE_LOCAL_DIR``, default ``~/.cache/kcache/client``): filled by prefetch, ``kcache warm`` and
+remote hits, read before the network, so a warmed node needs no network at all.
+
+Layout: ``<root>/entries/<service id>/<namespace>/<layer>/<d[:2]>/<digest>``. The service id is a
+hash of the service URL: a node that talks to two services (staging and production, say) never
+serves one's entries for the other's keys.
+
+Bounded by ``KCACHE_LOCAL_MAX_BYTES`` across everything under ``<root>/entries``, least recently
+used first: a read marks a file used (its mtime), and a process that has written more than a slice
+of the budget since it last looked scans the tier and evicts the oldest files down to 90 % of the
+budget. Several processes of a node share the tier: writes are atomic renames, a reader that loses
+a file to another process's eviction sees a miss, and one process evicts at a time (a
+non-blocking ``flock``; correctness never depends on it, it only avoids duplicated scans).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import tempfile
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
+
+ENTRIES_DIR = "entries"
+_LOCK_FILE = ".evict.lock"
+_LOW_WATER = 0.9  # evict down to this share of the budget, so the next writes do not evict again
+_RESCAN_SHARE = 0.1  # rescan after writing this share of the budget
+
+
+def service_id(url: str | None) -> str:
+    """A short, stable name for the service a cache entry came from."""
+    canonical = (url or "").strip().rstrip("/").lower()
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
 class LocalEntryStore:
-    def __init__(self, root: Path, namespace: str) -> None:
-        self.root = root / "entries" / namespace
+    def __init__(self, root: Path, namespace: str, *, url: str | None = None, max_bytes: int | None = None) -> None:
+        self.tier = root / ENTRIES_DIR
+        self.root = self.tier / service_id(url) / namespace
+        self.max_bytes = max_bytes
+        self._lock = threading.Lock()
+        self._written_since_scan: int | None = None  # None: never scanned by this process
 
     def _path(self, layer: str, key: str) -> Path:
         # Keys are hashed into the file name: they come from Inductor and may contain ':' etc.
@@ -21,10 +51,15 @@ class LocalEntryStore:
         return self.root / layer / digest[:2] / digest
 
     def get(self, layer: str, key: str) -> bytes | None:
+        path = self._path(layer, key)
         try:
-            return self._path(layer, key).read_bytes()
+            data = path.read_bytes()
         except OSError:
             return None
+        if self.max_bytes is not None:
+            with contextlib.suppress(OSError):  # evicted meanwhile: the bytes we hold still serve
+                os.utime(path)  # used now: the last to be evicted
+        return data
 
     def put(self, layer: str, key: str, data: bytes) -> None:
         path = self._path(layer, key)
@@ -35,4 +70,83 @@ class LocalEntryStore:
                 fh.write(data)
             os.replace(tmp, path)  # readers see the whole entry or none
         except OSError:
-            pass  # a local tier that cannot be written is only a slower cache
+            return  # a local tier that cannot be written is only a slower cache
+        self._account(len(data))
+
+    def _account(self, nbytes: int) -> None:
+        if self.max_bytes is None:
+            return
+        with self._lock:
+            due = self._written_since_scan is None or self._written_since_scan + nbytes >= self.max_bytes * _RESCAN_SHARE
+            self._written_since_scan = 0 if due else (self._written_since_scan or 0) + nbytes
+        if due:
+            self.evict()
+
+    def evict(self) -> int:
+        """Delete least recently used files until the tier holds at most 90 % of the budget, if
+        it holds more than the budget; returns the bytes freed (0 when another process is
+        already evicting, or nothing is over)."""
+        if self.max_bytes is None:
+            return 0
+        with _exclusive(self.tier / _LOCK_FILE) as locked:
+            if not locked:
+                return 0
+            files = sorted(_files(self.tier))
+            total = sum(size for _mtime, size, _path in files)
+            if total <= self.max_bytes:
+                return 0
+            target, freed = int(self.max_bytes * _LOW_WATER), 0
+            for _mtime, size, path in files:  # oldest first
+                if total - freed <= target:
+                    break
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+                    freed += size
+            return freed
+
+    def usage(self) -> int:
+        """Bytes held by the whole tier (every service and namespace)."""
+        return sum(size for _mtime, size, _path in _files(self.tier))
+
+
+def _files(tier: Path) -> Iterator[tuple[float, int, Path]]:
+    """``(mtime, size, path)`` of every entry file; temp files of writers still running are
+    left out unless they are old (a writer that crashed)."""
+    stale = time.time() - 3600
+    for dirpath, _dirs, names in os.walk(tier):
+        for name in names:
+            if name == _LOCK_FILE:
+                continue
+            path = Path(dirpath) / name
+            try:
+                st = path.stat()
+            except OSError:
+                continue
+            if name.startswith(".tmp-") and st.st_mtime > stale:
+                continue
+            yield st.st_mtime, st.st_size, path
+
+
+@contextlib.contextmanager
+def _exclusive(lock_path: Path) -> Iterator[bool]:
+    """A non-blocking exclusive flock: yields False when another process holds it."""
+    try:
+        import fcntl
+    except ImportError:  # no flock (Windows): evict anyway; unlinks of vanished files are harmless
+        yield True
+        return
+    try:
+        lock_path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:
+        yield False
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)

@@ -26,7 +26,6 @@ from kcache.emitter import EmitOutcome, emit_files, emit_pack_manifest
 from kcache.errors import InvalidPack, KcacheError, NotFound
 from kcache.failopen import warn_once
 from kcache.http import KcacheClient
-from kcache.local_store import LocalEntryStore
 from kcache.signing import BadSignature, sign, verify
 from kcache.stats import Stats
 from kcache.uploader import EntryUpload, KernelDirUpload, KernelUpload, Uploader
@@ -66,7 +65,7 @@ class Runtime:
         self.bundle_emit_s = 0.0  # time spent emitting Inductor bundles (read_and_emit)
         self._lock = threading.Lock()
         self._closed = False
-        self.local = LocalEntryStore(config.local_root(), config.namespace)
+        self.local = config.local_store()
         self._secret = config.signing_key.encode() if config.signing_key else None
         self.prefetcher: Prefetcher | None = None
         if self.client is not None and config.workload and claim_prefetch():
