@@ -178,23 +178,23 @@ class CacheStore:
         result = self._commit(record, pack)
         return KernelEntry.model_validate_json(result.meta), result.created
 
-    def kernel_record(self, namespace: str, key: str) -> IndexRecord:
+    def _kernel_record(self, namespace: str, key: str) -> IndexRecord:
         record = self.index.get(namespace, KERNEL, key)
         if record is None:
             raise NotFound(f"kernel {key}")
         return record
 
     def kernel_entry(self, namespace: str, key: str) -> KernelEntry:
-        return KernelEntry.model_validate_json(self.kernel_record(namespace, key).meta)
+        return KernelEntry.model_validate_json(self._kernel_record(namespace, key).meta)
 
-    def kernel_pack(self, namespace: str, key: str) -> tuple[IndexRecord, bytes]:
-        record = self.kernel_record(namespace, key)
+    def kernel_pack(self, namespace: str, key: str) -> tuple[KernelEntry, bytes]:
+        record = self._kernel_record(namespace, key)
         data = self._read_blob(record)
         self.access.record(namespace, KERNEL, [key])
-        return record, data
+        return KernelEntry.model_validate_json(record.meta), data
 
     def kernel_file(self, namespace: str, key: str, filename: str) -> bytes:
-        _record, pack = self.kernel_pack(namespace, key)
+        _entry, pack = self.kernel_pack(namespace, key)
         _manifest, files = read_pack(pack, self.limits)
         if filename not in files:
             raise NotFound(f"file {filename} of kernel {key}")
@@ -202,7 +202,7 @@ class CacheStore:
 
     def kernel_download_url(self, namespace: str, key: str, expires_s: int) -> str | None:
         """A presigned URL of the kernel's pack where the blob store makes them (S3), else None."""
-        record = self.kernel_record(namespace, key)
+        record = self._kernel_record(namespace, key)
         url = self.blobs.presigned_get_url(record.digest, expires_s)
         if url is not None:
             self.access.record(namespace, KERNEL, [key])
@@ -295,22 +295,25 @@ class CacheStore:
         result = self._commit(record, data)
         return EntryInfo.model_validate_json(result.meta), result.created
 
-    def entry_record(self, namespace: str, layer: str, key: str) -> IndexRecord:
+    def _entry_record(self, namespace: str, layer: str, key: str) -> IndexRecord:
         record = self.index.get(namespace, entry_kind(layer), key)
         if record is None:
             raise NotFound(f"{layer} entry {key}")
         return record
+
+    def entry_info(self, namespace: str, layer: str, key: str) -> EntryInfo:
+        return EntryInfo.model_validate_json(self._entry_record(namespace, layer, key).meta)
 
     def delete_entry(self, namespace: str, layer: str, key: str) -> None:
         kind = entry_kind(layer)
         if not self.index.delete(namespace, kind, key):
             raise NotFound(f"{kind} {key}")
 
-    def entry_bytes(self, namespace: str, layer: str, key: str) -> tuple[IndexRecord, bytes]:
-        record = self.entry_record(namespace, layer, key)
+    def entry_bytes(self, namespace: str, layer: str, key: str) -> tuple[EntryInfo, bytes]:
+        record = self._entry_record(namespace, layer, key)
         data = self._read_blob(record)
         self.access.record(namespace, record.kind, [key])
-        return record, data
+        return EntryInfo.model_validate_json(record.meta), data
 
     # ---- the whole store --------------------------------------------------------------------
 

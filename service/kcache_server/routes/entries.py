@@ -49,20 +49,19 @@ async def put_entry(
 
 @router.get(wire.ENTRY, summary="Fetch an entry's bytes", response_class=Response)
 def get_entry(namespace: Namespace, layer: Layer, key: EntryKey, store: StoreDep, _: CanRead) -> Response:
-    record, data = store.entry_bytes(namespace, layer, key)
-    return Response(data, media_type="application/octet-stream", headers=_headers(EntryInfo.model_validate_json(record.meta)))
+    info, data = store.entry_bytes(namespace, layer, key)
+    return Response(data, media_type="application/octet-stream", headers=_headers(info))
 
 
 @router.head(wire.ENTRY, summary="Whether an entry exists")
 def head_entry(namespace: Namespace, layer: Layer, key: EntryKey, store: StoreDep, _: CanRead) -> Response:
-    record = store.entry_record(namespace, layer, key)
-    info = EntryInfo.model_validate_json(record.meta)
-    return Response(status_code=200, headers=_headers(info) | {"Content-Length": str(record.size)})
+    info = store.entry_info(namespace, layer, key)
+    return Response(status_code=200, headers=_headers(info) | {"Content-Length": str(info.size)})
 
 
 @router.get(wire.ENTRY_INFO, response_model=EntryInfo, summary="An entry's metadata")
 def entry_info(namespace: Namespace, layer: Layer, key: EntryKey, store: StoreDep, _: CanRead) -> EntryInfo:
-    return EntryInfo.model_validate_json(store.entry_record(namespace, layer, key).meta)
+    return store.entry_info(namespace, layer, key)
 
 
 @router.delete(wire.ENTRY, status_code=204, summary="Remove an entry (admin)")

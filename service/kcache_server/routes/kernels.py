@@ -68,8 +68,7 @@ def get_kernel(namespace: Namespace, key: KernelKey, store: StoreDep, settings: 
         url = store.kernel_download_url(namespace, key, settings.presign_expires_s)
         if url is not None:
             return RedirectResponse(url, status_code=307)
-    record, data = store.kernel_pack(namespace, key)
-    entry = KernelEntry.model_validate_json(record.meta)
+    entry, data = store.kernel_pack(namespace, key)
     return Response(data, media_type=MEDIA_TYPE, headers=_entry_headers(entry))
 
 
