@@ -116,8 +116,10 @@ def test_fresh_node_gets_remote_hits_and_a_warmed_node_needs_no_network(live_ser
 
     d = tmp_path / "d"
     assert cli(["warm", "resnet-ish", "--url", live_service.url, "--local-dir", str(d / "kcache-local")]) == 0
-    dead = "http://127.0.0.1:9"  # nothing listens: any network attempt would count an error
-    offline = run_node(tmp_path, "d", dead)
+    # The job names the same service it was warmed from (the local tier is per service URL), but
+    # the service is gone: nothing listens there, and any network attempt would count an error.
+    live_service.__exit__(None, None, None)
+    offline = run_node(tmp_path, "d", live_service.url)
     assert offline["triton_cache_hits"] == [True] * 3
     assert offline["fx"].get("fxgraph_cache_hit") == 1
     assert all(layer["errors"] == 0 for layer in offline["stats"].values()), offline["stats"]
@@ -295,10 +297,15 @@ def test_a_fetched_entry_reaches_the_local_tier_so_the_next_process_needs_no_net
     )
     assert run_job(script, live_service.url, KCACHE_LOCAL_DIR=str(tmp_path / "local"), KCACHE_AUTOLOAD="0") == 3_000_000
     monkeypatch.setenv("KCACHE_LOCAL_DIR", str(tmp_path / "local"))
-    offline = Runtime(ClientConfig(url="http://127.0.0.1:9", mode="readonly"))  # nothing listens
+    live_service.__exit__(None, None, None)  # the same service, gone: nothing listens there now
+    offline = Runtime(ClientConfig(url=live_service.url, mode="readonly"))
     assert offline.get_entry("fx-graph", "pt2:fx-graph-v1::local-tier:c1") == blob
     assert offline.stats.snapshot()["fx-graph"].errors == 0
     offline.close()
+    # Another service's node never gets this service's entries from the shared tier.
+    other = Runtime(ClientConfig(url="http://127.0.0.1:9", mode="readonly"))
+    assert other.get_entry("fx-graph", "pt2:fx-graph-v1::local-tier:c1") is None
+    other.close()
 
 
 @pytest.mark.slow
