@@ -170,3 +170,45 @@ def test_push_and_pull_against_a_real_service(
             if f.suffix != ".json":  # binaries and IR byte-identical; JSON carries the new path
                 assert (got / f.name).read_bytes() == f.read_bytes(), f.name
     assert not [p for p in dest.iterdir() if p.name.startswith("tmp.")]
+
+
+def test_ed25519_keys_without_cryptography_refuse_every_entry_upload_none_and_warn_once(
+    client_venv: Path, tmp_path: Path, service: ServerProcess
+) -> None:
+    """``kcache-client`` without its ``[signing]`` extra, configured for Ed25519: safe (nothing
+    unsigned or unchecked gets through, nothing unsigned goes up), one warning, the job goes on."""
+    import httpx
+    from kcache.config import ClientConfig
+    from kcache.http import KcacheClient
+    from kcache.signing import EntrySigning, generate_key_pair
+
+    pem, public_line, _ = generate_key_pair("producer")  # made where cryptography is installed
+    (tmp_path / "k.key").write_bytes(pem)
+    (tmp_path / "k.pub").write_text(public_line)
+    signing = EntrySigning.from_config(ClientConfig(signing_private_key=str(tmp_path / "k.key")))
+    assert signing is not None
+    key = "pt2:fx-graph-v1::no-cryptography:c1"
+    KcacheClient(ClientConfig(url=service.url)).put_entry("fx-graph", key, signing.seal("fx-graph", key, b"graph"))
+    script = (
+        "import importlib.util, json\n"
+        "from kcache.config import ClientConfig\nfrom kcache.runtime import Runtime\n"
+        "rt = Runtime(ClientConfig.from_env())\n"
+        f"got = [rt.get_entry('fx-graph', {key!r}) for _ in range(2)]\n"
+        "rt.put_entry('fx-graph', 'pt2:fx-graph-v1::would-be-unsigned:c1', b'graph', now=True)\n"
+        "rt.close()\n"
+        "print(json.dumps({'cryptography': importlib.util.find_spec('cryptography') is not None,"
+        " 'got': got == [None, None], 'fx': rt.stats.snapshot()['fx-graph'].model_dump()}))\n"
+    )
+    proc = run(client_venv, "python", "-c", script, cwd=tmp_path, KCACHE_URL=service.url, KCACHE_LOCAL_DIR=str(tmp_path / "local"),
+               KCACHE_SIGNING_PRIVATE_KEY=str(tmp_path / "k.key"), KCACHE_TRUSTED_KEYS=str(tmp_path / "k.pub"))
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["cryptography"] is False and report["got"] is True
+    assert report["fx"]["errors"] == 2 and report["fx"]["puts"] == 0
+    assert report["fx"]["error_kinds"] == {"unavailable": 2, "signing_unavailable": 1}
+    assert proc.stderr.count("kcache:") == 1 and "pip install 'kcache-client[signing]'" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert httpx.head(f"{service.url}/v1/default/entries/fx-graph/pt2:fx-graph-v1::would-be-unsigned:c1").status_code == 404
+
+    keygen = run(client_venv, "kcache", "keygen", "--out", str(tmp_path / "new"), cwd=tmp_path)
+    assert keygen.returncode == 2 and "kcache-client[signing]" in keygen.stderr and not (tmp_path / "new.key").exists()

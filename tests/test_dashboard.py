@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import struct
 import time
 import zlib
@@ -204,10 +205,20 @@ def test_dashboard_in_chromium(tmp_path: Path, real_kernel_dirs: list[Path]) -> 
     from live import LiveService
 
     sync_playwright = _browser_or_skip()
+    from kcache.config import ClientConfig
+    from kcache.signing import EntrySigning, generate_key_pair
     from playwright.sync_api import expect
+
     write = {"Authorization": f"Bearer {WRITE_TOKEN}"}
     read = {"Authorization": f"Bearer {READ_TOKEN}"}
-    with LiveService(tmp_path / "svc", tokens=TOKENS) as svc:
+    pem, public_line, key_id = generate_key_pair("dashboard-producer")
+    (tmp_path / "producer.key").write_bytes(pem)
+    signing = EntrySigning.from_config(ClientConfig(signing_private_key=str(tmp_path / "producer.key"), run_id="nightly-7"))
+    assert signing is not None
+    entry_key = "pt2:fx-graph-v1::fdashboard0123:c1"
+    with LiveService(tmp_path / "svc", tokens=TOKENS, producer_keys=json.dumps({"default": [public_line]})) as svc:
+        signed = signing.seal("fx-graph", entry_key, b"a pickled graph")
+        assert httpx.put(f"{svc.url}/v1/default/entries/fx-graph/{entry_key}", content=signed, headers=write).status_code == 201
         packs = {d.name: pack_kernel_dir(d)[1] for d in real_kernel_dirs}
         for key, pack in packs.items():
             assert httpx.put(f"{svc.url}/v1/default/kernels/{key}", content=pack, headers=write).status_code == 201
@@ -295,11 +306,26 @@ def test_dashboard_in_chromium(tmp_path: Path, real_kernel_dirs: list[Path]) -> 
                 page.locator("#kernel").scroll_into_view_if_needed()
                 page.screenshot(path=str(tmp_path / "kernel-ptx.png"), full_page=True)
                 page.locator("#browser").screenshot(path=str(tmp_path / "kernel-browser.png"))
+
+                # A cache entry: who signed it, with the provenance they signed, checked by the
+                # service against the key registered for the namespace.
+                page.select_option("#entry-layer", "fx-graph")
+                page.fill("#entry-key", entry_key)
+                page.click("#entry-search button")
+                page.wait_for_selector("#entry-info")
+                info = page.locator("#entry-info").inner_text()
+                assert f"ed25519 key {key_id}" in info and "nightly-7" in info and socket.gethostname() in info
+                assert "torch " in info and "checked by the service" in page.locator("#entry-verdict").inner_text()
+                page.locator("#entries").screenshot(path=str(tmp_path / "entry.png"))
+                page.fill("#entry-key", "pt2:fx-graph-v1::absent:c1")
+                page.click("#entry-search button")
+                expect(page.locator("#entry")).to_contain_text("No fx-graph entry")
             finally:
                 browser.close()
     assert not console, console  # no script errors, no CSP violations
-    assert failed == [(401, "/v1/namespaces")], failed  # only the first call, before the token was given
-    for name in ("dashboard.png", "kernel-ptx.png", "kernel-browser.png"):
+    # Only the first call, before the token was given, and the entry looked up that is not there.
+    assert failed == [(401, "/v1/namespaces"), (404, "/v1/default/entries/fx-graph/pt2%3Afx-graph-v1%3A%3Aabsent%3Ac1/info")], failed
+    for name in ("dashboard.png", "kernel-ptx.png", "kernel-browser.png", "entry.png"):
         width, height, colours, ink = png_stats((tmp_path / name).read_bytes())
-        assert width >= 600 and height >= 300, (name, width, height)
+        assert width >= 600 and height >= 150, (name, width, height)
         assert colours > 20 and ink > 0.05, (name, colours, ink)  # not blank

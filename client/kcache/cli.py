@@ -208,6 +208,8 @@ def _ls(args: argparse.Namespace) -> int:
 
 
 def _inspect(args: argparse.Namespace) -> int:
+    if args.entry:
+        return _inspect_entry(args)
     entry = _client(args).manifest(args.key)
     if args.json:
         print(entry.model_dump_json(indent=2))
@@ -219,6 +221,90 @@ def _inspect(args: argparse.Namespace) -> int:
     print("files")
     for f in entry.files:
         print(f"  {f.name:40} {f.size:>10}  {f.sha256[:16]}")
+    return 0
+
+
+def _inspect_entry(args: argparse.Namespace) -> int:
+    """An entry's metadata, who signed it with what provenance, and whether this machine's
+    signing settings accept it (exit 1 if they refuse it)."""
+    from kcache_schemas import InvalidKeyError, normalize_entry_key, validate_layer
+    from kcache_schemas import signature as envelope
+    from kcache_schemas.signature import SignatureError
+
+    from kcache.signing import LEGACY_HMAC_MAGIC, EntrySigning
+
+    try:
+        layer, key = validate_layer(args.entry), normalize_entry_key(args.key)
+    except InvalidKeyError as exc:
+        raise SystemExit(f"kcache inspect: {exc}") from None
+    client = _client(args)
+    info = client.entry_info(layer, key)
+    stored, _ = client.get_entry(layer, key)
+    header = None
+    if envelope.is_signed(stored):
+        try:
+            header = envelope.parse(stored).header
+        except SignatureError as exc:
+            print(f"kcache inspect: damaged signature envelope: {exc}", file=sys.stderr)
+    signing = EntrySigning.from_config(client.config)
+    accepted: bool | None = None
+    verdict = "not checked: no KCACHE_TRUSTED_KEYS, KCACHE_SIGNING_PRIVATE_KEY or KCACHE_SIGNING_KEY set here"
+    if signing is not None:
+        try:
+            signing.open(layer, key, stored)
+            accepted, verdict = True, "accepted: signed by a key trusted here"
+        except SignatureError as exc:
+            accepted, verdict = False, f"refused ({exc.reason}): {exc}"
+    if args.json:
+        print(json.dumps({
+            "info": info.model_dump(mode="json"),
+            "signature": header.model_dump(mode="json") if header else None,
+            "accepted": accepted, "verdict": verdict,
+        }, indent=2))
+        return 1 if accepted is False else 0
+    print(f"layer          {info.layer}\nkey            {info.key}\nnamespace      {info.namespace}")
+    print(f"size           {info.size} bytes\nsha256         {info.sha256}\nstored         {info.created_at.isoformat()}")
+    print(f"producer       {info.producer.model_dump(exclude_none=True)}")
+    if header is not None:
+        prov = header.provenance
+        env = ", ".join(f"{k} {v}" for k, v in prov.environment.items() if v) or "unknown"
+        print(f"signed by      {header.alg} key {header.key_id}")
+        print(f"  host         {prov.host}\n  run          {prov.run_id or '-'}\n  signed at    {prov.created_at.isoformat()}")
+        print(f"  environment  {env}\n  kcache       {prov.kcache_version}\n  payload      {header.payload_size} bytes, sha256 {header.payload_sha256}")
+        checked = "yes, against a key registered for this namespace" if info.signature and info.signature.verified else "no (no keys registered for this namespace, or HMAC)"
+        print(f"  service checked  {checked}")
+    elif stored.startswith(LEGACY_HMAC_MAGIC):
+        print("signed by      hmac-sha256 (kcache 0.1 envelope: no key id, no provenance)")
+    else:
+        print("signed by      nobody: the entry is unsigned")
+    print(f"here           {verdict}")
+    return 1 if accepted is False else 0
+
+
+def _keygen(args: argparse.Namespace) -> int:
+    """A new Ed25519 key pair: ``PREFIX.key`` (private, 0600) and ``PREFIX.pub``."""
+    import getpass
+    import socket
+
+    from kcache.signing import SigningUnavailable, generate_key_pair
+
+    private, public = Path(f"{args.out}.key"), Path(f"{args.out}.pub")
+    for path in (private, public):
+        if path.exists():
+            print(f"kcache keygen: {path} exists; not overwriting a key", file=sys.stderr)
+            return 1
+    try:
+        pem, line, key_id = generate_key_pair(args.comment or f"{getpass.getuser()}@{socket.gethostname()}")
+    except SigningUnavailable as exc:
+        print(f"kcache keygen: {exc}", file=sys.stderr)
+        return 2
+    fd = os.open(private, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # never readable by others, not even briefly
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(pem)
+    public.write_text(line + "\n")
+    print(f"key id {key_id}")
+    print(f"{private}: the private key; producers only: KCACHE_SIGNING_PRIVATE_KEY={private.resolve()}")
+    print(f"{public}: the public key; consumers: KCACHE_TRUSTED_KEYS={public.resolve()}; the service: KCACHE_PRODUCER_KEYS")
     return 0
 
 
@@ -270,10 +356,16 @@ def build_parser() -> argparse.ArgumentParser:
     ls.add_argument("--workloads", action="store_true", help="list workloads and their environment fingerprints")
     ls.set_defaults(func=_ls)
 
-    inspect = remote(sub.add_parser("inspect", help="show a kernel's manifest, target, sizes and files"))
+    inspect = remote(sub.add_parser("inspect", help="show a kernel's manifest, target, sizes and files; --entry: a cache entry's signer and provenance"))
     inspect.add_argument("key")
+    inspect.add_argument("--entry", metavar="LAYER", help="KEY is a cache entry of this layer (fx-graph, aot-autograd, autotune, triton-module, ...)")
     inspect.add_argument("--json", action="store_true")
     inspect.set_defaults(func=_inspect)
+
+    keygen = sub.add_parser("keygen", help="make an Ed25519 key pair for signing cache entries")
+    keygen.add_argument("--out", default="kcache-signing", metavar="PREFIX", help="writes PREFIX.key and PREFIX.pub (default kcache-signing)")
+    keygen.add_argument("--comment", help="comment in the public key (default user@host)")
+    keygen.set_defaults(func=_keygen)
 
     stats = remote(sub.add_parser("stats", help="cache-hit statistics of a stats file or a run; gate CI with --fail-under"))
     stats.add_argument("--file", help="stats file or dir written via KCACHE_STATS_FILE (default: $KCACHE_STATS_FILE)")

@@ -75,7 +75,9 @@ class ClientConfig:
     stats_file: str | None = None
     report: bool = False
     run_id: str | None = None
-    signing_key: str | None = field(default=None, repr=False)
+    signing_key: str | None = field(default=None, repr=False)  # HMAC secret (see kcache.signing)
+    signing_private_key: str | None = field(default=None, repr=False)  # Ed25519: a PEM file, or the key itself
+    trusted_keys: str | None = None  # Ed25519 public keys accepted: files and/or keys, comma-separated
     layers: str | None = None  # KCACHE_LAYERS as given: a comma list, "all" or "none"
     prefetch_wait_s: float = 30.0
     coordesc_reuse: bool = True
@@ -121,6 +123,8 @@ class ClientConfig:
             report=os.environ.get("KCACHE_REPORT", "0") == "1",
             run_id=os.environ.get("KCACHE_RUN_ID") or None,
             signing_key=os.environ.get("KCACHE_SIGNING_KEY") or None,
+            signing_private_key=os.environ.get("KCACHE_SIGNING_PRIVATE_KEY") or None,
+            trusted_keys=os.environ.get("KCACHE_TRUSTED_KEYS") or None,
             layers=os.environ.get("KCACHE_LAYERS"),
             prefetch_wait_s=_float("KCACHE_PREFETCH_WAIT_S", 30.0),
             coordesc_reuse=os.environ.get("KCACHE_COORDESC_REUSE", "1") != "0",

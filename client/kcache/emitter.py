@@ -43,6 +43,11 @@ _STALE_AFTER_S = 3600.0
 # compile, so we leave it alone (it will become complete by itself).
 _IN_PROGRESS_S = 120.0
 _cleaned: set[str] = set()
+# Shared objects in a Triton cache dir are host modules that Triton loads into the process; a
+# kernel dir never holds one. They reach a node only as ``triton-module`` entries (signed where
+# signing is configured, see kcache.signing): an (unsigned) kernel pack carrying one would
+# bypass that.
+NATIVE_SUFFIXES = (".so", ".pyd", ".dll", ".dylib")
 
 
 class EmitOutcome(str, enum.Enum):
@@ -179,6 +184,9 @@ def emit_files(
     verified: bool = False,
 ) -> EmitOutcome:
     """Emit one kernel dir whose files are in ``[REPLACE]`` form. Raises PackError if unsafe."""
+    native = [f.name for f in manifest.files if f.name.lower().endswith(NATIVE_SUFFIXES) or ".so." in f.name.lower()]
+    if native:
+        raise PackError(f"kernel {manifest.key} carries a host module ({native[0]}); kernel dirs never hold native code")
     if not verified:
         check_kernel_files(manifest, files)
     key = normalize_kernel_key(manifest.key)  # 52 chars of [A-Z2-7]: safe as a path component

@@ -34,6 +34,10 @@ class BadRequest(KcacheError):
     """The service refused what we sent (invalid key or pack, too large)."""
 
 
+class SignatureRefused(KcacheError):
+    """The namespace takes only entries signed by its registered producer keys, and ours is not."""
+
+
 class InvalidPack(KcacheError):
     """A pack from the service failed verification; nothing was written."""
 
@@ -43,6 +47,7 @@ _BY_CODE: dict[str, type[KcacheError]] = {
     ErrorCode.CONFLICT.value: Conflict,
     ErrorCode.UNAUTHORIZED.value: AuthError,
     ErrorCode.FORBIDDEN.value: AuthError,
+    ErrorCode.UNTRUSTED_SIGNATURE.value: SignatureRefused,
     ErrorCode.BACKEND_UNAVAILABLE.value: ServiceUnavailable,
 }
 

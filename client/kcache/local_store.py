@@ -104,6 +104,10 @@ class LocalEntryStore:
                     freed += size
             return freed
 
+    def discard(self, layer: str, key: str) -> None:
+        with contextlib.suppress(OSError):  # gone already, or never written
+            self._path(layer, key).unlink()
+
     def usage(self) -> int:
         """Bytes held by the whole tier (every service and namespace)."""
         return sum(size for _mtime, size, _path in _files(self.tier))

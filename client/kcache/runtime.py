@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from kcache_schemas import KernelManifest, PackError, Producer, wire
+from kcache_schemas import signature as envelope
+from kcache_schemas.signature import SignatureError
 
 if TYPE_CHECKING:
     from kcache.workload import Prefetcher
@@ -26,7 +28,7 @@ from kcache.emitter import EmitOutcome, emit_files, emit_pack_manifest
 from kcache.errors import InvalidPack, KcacheError, NotFound
 from kcache.failopen import warn_once
 from kcache.http import KcacheClient
-from kcache.signing import BadSignature, sign, verify
+from kcache.signing import EntrySigning, SigningUnavailable
 from kcache.stats import Stats
 from kcache.uploader import EntryUpload, KernelDirUpload, KernelUpload, Uploader
 
@@ -66,7 +68,9 @@ class Runtime:
         self._lock = threading.Lock()
         self._closed = False
         self.local = config.local_store()
-        self._secret = config.signing_key.encode() if config.signing_key else None
+        self.signing = EntrySigning.from_config(config)
+        if self.signing is not None and self.signing.problem is not None:
+            warn_once(f"entry signing is configured but unusable, so every cache entry is refused and none uploaded: {self.signing.problem}")
         self.prefetcher: Prefetcher | None = None
         if self.client is not None and config.workload and claim_prefetch():
             from kcache.workload import Prefetcher
@@ -180,45 +184,88 @@ class Runtime:
     # ---- opaque entries -------------------------------------------------------------------
 
     def get_entry(self, layer: str, key: str) -> bytes | None:
-        """Local tier, then a promised prefetch, then the service. Verified if signing is on."""
+        """Local tier, then a promised prefetch, then the service. With signing configured, only
+        what a trusted key signed gets through (see :mod:`kcache.signing`), before any caller
+        (Inductor's unpickler, Triton's module loader) sees a byte."""
         with self.stats.timed(layer):
-            data = self._local_or_prefetched(layer, key)
+            refused: SignatureError | None = None
+            data: bytes | None = None
             compile_time: float | None = None
+            stored = self._local_or_prefetched(layer, key)
+            if stored is not None:
+                opened = self._open(layer, key, stored)
+                if isinstance(opened, SignatureError):
+                    # A prefetched entry no trusted key signed, or one kept from before the keys
+                    # changed: drop it, the service may hold a better one (or refuse it the same).
+                    refused = opened
+                    self.local.discard(layer, key)
+                else:
+                    data = opened
             if data is None:
                 client = self.client
                 if client is None:
+                    self._refused(layer, refused)
                     return None
                 got = self._remote(layer, lambda: client.get_entry(layer, key))
                 if got is None:
+                    self._refused(layer, refused)
                     return None
-                data, compile_time = got
+                stored, compile_time = got
+                opened = self._open(layer, key, stored)
+                if isinstance(opened, SignatureError):
+                    self._refused(layer, opened)
+                    return None
+                data = opened
                 # Off the compile thread (max-autotune FX entries run to hundreds of MB); not a
                 # daemon, so the interpreter lets the (atomic) write finish at exit.
-                threading.Thread(target=self.local.put, args=(layer, key, data), name="kcache-local-put").start()
-            if self._secret is not None:
-                try:
-                    data = verify(self._secret, layer, key, data)
-                except BadSignature as exc:
-                    warn_once(f"refused a {layer} entry: {exc}")
-                    self.stats.error(layer, "bad_signature")
-                    return None
+                threading.Thread(target=self.local.put, args=(layer, key, stored), name="kcache-local-put").start()
         self.stats.hit(layer, len(data), compile_time or 0.0)
         with self._lock:
             self.used_entries.add((layer, key))
         return data
 
+    def _open(self, layer: str, key: str, stored: bytes) -> bytes | SignatureError:
+        """The payload of a stored entry, or why it must not be used."""
+        try:
+            if self.signing is not None:
+                return self.signing.open(layer, key, stored)
+            # Verification is not asked for here; a signed entry (producers may sign before
+            # every consumer verifies) is unwrapped like any other.
+            return envelope.parse(stored).payload() if envelope.is_signed(stored) else stored
+        except SignatureError as exc:
+            return exc
+
+    def _refused(self, layer: str, exc: SignatureError | None) -> None:
+        if exc is not None:
+            if exc.reason != "unavailable":  # that one was said once, at start
+                warn_once(f"refused a {layer} entry: {exc}")
+            self.stats.error(layer, exc.reason)
+
     def put_entry(self, layer: str, key: str, data: bytes, compile_time_s: float | None = None, now: bool = False) -> None:
-        """Queue an upload (``now``: send it in this thread, for processes killed without exit handlers)."""
+        """Queue an upload (``now``: send it in this thread, for processes killed without exit
+        handlers). Signed first, if signing is configured; a process that only verifies
+        (``KCACHE_TRUSTED_KEYS`` without a private key) uploads no entries."""
         with self._lock:
             self.used_entries.add((layer, key))
-        if self._secret is not None:
-            data = sign(self._secret, layer, key, data)
-        if self.uploader is not None:
-            item = EntryUpload(layer, key, data, compile_time_s)
-            if now:
-                self.uploader.send_now(item)
-            else:
-                self.uploader.submit(item)
+        if self.uploader is None:
+            return
+        if self.signing is not None:
+            if self.signing.signer is None and self.signing.problem is None:
+                return
+            try:
+                data = self.signing.seal(layer, key, data)
+            except SigningUnavailable:
+                self.stats.put_error(layer, "signing_unavailable")
+                return
+            except Exception as exc:  # a bug of ours: this entry stays local
+                self.stats.put_error(layer, "signing_failed")
+                warn_once(f"could not sign a {layer} entry", exc)
+                return
+        item = EntryUpload(layer, key, data, compile_time_s)
+        if now:
+            self.uploader.send_now(item)
+        else:
+            self.uploader.submit(item)
 
     # ---- lifecycle ------------------------------------------------------------------------
 

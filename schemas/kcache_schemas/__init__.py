@@ -1,8 +1,9 @@
-"""kcache wire contract: pydantic models, the kernel pack format, and the HTTP wire (``wire``:
-routes, headers, layer names, the batch-get layout).
+"""kcache wire contract: pydantic models, the kernel pack format, the signed-entry envelope
+(``signature``), and the HTTP wire (``wire``: routes, headers, layer names, the batch-get layout).
 
 Shared by the client (``kcache``) and the service (``kcache_server``); depends on nothing of
-ours, and only on pydantic and zstandard from outside.
+ours, and only on pydantic and zstandard from outside (and, to check Ed25519 signatures, on
+``cryptography``, imported only then).
 """
 
 from kcache_schemas import wire
@@ -18,16 +19,19 @@ from kcache_schemas.keys import (
 )
 from kcache_schemas.models import (
     EntryInfo,
+    EntrySignature,
     KernelEntry,
     KernelManifest,
     KernelTarget,
     PackFile,
     Producer,
+    Provenance,
 )
 from kcache_schemas.pack import PackLimits, build_pack, pack_kernel_dir, read_pack
 
 __all__ = [
     "EntryInfo",
+    "EntrySignature",
     "ErrorBody",
     "ErrorCode",
     "InvalidKeyError",
@@ -38,6 +42,7 @@ __all__ = [
     "PackFile",
     "PackLimits",
     "Producer",
+    "Provenance",
     "build_pack",
     "normalize_entry_key",
     "normalize_kernel_key",

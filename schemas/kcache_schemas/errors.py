@@ -24,6 +24,8 @@ class ErrorCode(str, Enum):
     TOO_LARGE = "too_large"
     UNAUTHORIZED = "unauthorized"
     FORBIDDEN = "forbidden"
+    # An entry upload to a namespace with registered producer keys that none of them signed.
+    UNTRUSTED_SIGNATURE = "untrusted_signature"
     BACKEND_UNAVAILABLE = "backend_unavailable"
     INTERNAL = "internal"
 
@@ -40,6 +42,7 @@ STATUS: dict[ErrorCode, int] = {
     ErrorCode.TOO_LARGE: 413,
     ErrorCode.UNAUTHORIZED: 401,
     ErrorCode.FORBIDDEN: 403,
+    ErrorCode.UNTRUSTED_SIGNATURE: 403,
     ErrorCode.BACKEND_UNAVAILABLE: 503,
     ErrorCode.INTERNAL: 500,
 }

@@ -171,6 +171,38 @@ class BatchGetRequest(_Model):
     keys: list[str] = Field(min_length=1, max_length=5_000)
 
 
+class Provenance(BaseModel):
+    """Where and how a signed entry was made: signed together with the entry (see
+    :mod:`kcache_schemas.signature`). Unlike :class:`Producer` it names the producing host: a
+    signed entry is meant to be traced back to the machine and the job that made it.
+
+    Fields a newer producer adds are ignored, not refused (they are still covered by the
+    signature): a mixed-version fleet keeps accepting each other's entries."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    host: str = Field(max_length=255)
+    run_id: str | None = Field(default=None, max_length=128, description="KCACHE_RUN_ID of the producing job")
+    created_at: datetime
+    environment: dict[str, str | None] = Field(default_factory=dict, max_length=16, description="the environment fingerprint: torch, triton, cuda, hip, gpu_arch")
+    kcache_version: str = Field(max_length=64)
+
+
+SignatureAlg = Literal["ed25519", "hmac-sha256"]
+
+
+class EntrySignature(_Model):
+    """Who signed an entry, read from its envelope, and the provenance they signed."""
+
+    alg: SignatureAlg
+    key_id: str = Field(pattern=r"^[0-9a-f]{16}$")
+    provenance: Provenance
+    # True when the service checked the signature against a key registered for the namespace;
+    # False when it only read the envelope (no keys registered there, or an HMAC signature,
+    # which only holders of the secret can check). Consumers verify for themselves either way.
+    verified: bool = False
+
+
 class EntryInfo(_Model):
     """An opaque Inductor remote-cache entry (FX graph, autotune, ...). Never unpickled."""
 
@@ -181,6 +213,7 @@ class EntryInfo(_Model):
     sha256: Sha256
     created_at: datetime
     producer: Producer = Producer()
+    signature: EntrySignature | None = None
 
 
 class EnvFingerprint(_Model):

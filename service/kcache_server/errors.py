@@ -57,3 +57,9 @@ class Unauthorized(ServiceError):
 
 class Forbidden(ServiceError):
     code = ErrorCode.FORBIDDEN
+
+
+class UntrustedSignature(ServiceError):
+    """An entry upload that no producer key registered for its namespace signed."""
+
+    code = ErrorCode.UNTRUSTED_SIGNATURE

@@ -9,7 +9,9 @@ from functools import cached_property
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
+from kcache_schemas import validate_namespace
+from kcache_schemas.signature import TrustedKeys, parse_public_key
+from pydantic import BaseModel, Field, RootModel, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 Scope = Literal["read", "write", "admin"]
@@ -39,6 +41,22 @@ class TokenGrant(BaseModel):
         return v
 
 
+class _RegisteredKeys(RootModel[dict[str, list[str]]]):
+    """``KCACHE_PRODUCER_KEYS``: ``{"team-a": ["kcache-ed25519 <base64> [comment]", ...], "*": [...]}``."""
+
+    @field_validator("root")
+    @classmethod
+    def _valid(cls, v: dict[str, list[str]]) -> dict[str, list[str]]:
+        for ns, keys in v.items():
+            if ns != "*":
+                validate_namespace(ns)
+            if not keys:
+                raise ValueError(f"namespace {ns!r} lists no producer key")
+            for k in keys:
+                parse_public_key(k)  # ValueError names the problem
+        return v
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="KCACHE_", extra="ignore")
 
@@ -50,6 +68,10 @@ class Settings(BaseSettings):
     index_url: str | None = None
     tokens_file: Path | None = None
     tokens: str | None = Field(default=None, description="JSON list of token grants")
+    # Per namespace, the Ed25519 public keys whose signatures it requires on entry uploads
+    # (kcache_server.signatures); a JSON object {namespace or "*": [public key, ...]}.
+    producer_keys_file: Path | None = None
+    producer_keys: str | None = Field(default=None, description="JSON object: namespace -> public keys")
     max_pack_bytes: int = 256 << 20
     max_unpacked_bytes: int = 1 << 30
     max_entry_bytes: int = 256 << 20
@@ -72,6 +94,7 @@ class Settings(BaseSettings):
     def _parse_grants(self) -> Settings:
         # Parse tokens at load, so a weak or malformed token stops start-up, not the first request.
         _ = self.grants
+        _ = self.registered_keys
         return self
 
     @cached_property
@@ -82,6 +105,16 @@ class Settings(BaseSettings):
         if self.tokens:
             raw += json.loads(self.tokens)
         return [TokenGrant.model_validate(g) for g in raw]
+
+    @cached_property
+    def registered_keys(self) -> dict[str, TrustedKeys]:
+        """Namespace (or ``*``: every namespace) -> the producer keys registered for it."""
+        raw: dict[str, list[str]] = {}
+        for source in (self.producer_keys_file.read_text() if self.producer_keys_file else None, self.producer_keys):
+            if source:
+                for ns, keys in _RegisteredKeys.model_validate_json(source).root.items():
+                    raw.setdefault(ns, []).extend(keys)
+        return {ns: TrustedKeys.of(parse_public_key(k) for k in keys) for ns, keys in raw.items()}
 
     def check_bind(self) -> None:
         """Refuse to serve an open (tokenless) cache anywhere but loopback."""

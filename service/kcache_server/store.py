@@ -18,7 +18,7 @@ import logging
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -26,6 +26,7 @@ from typing import Literal
 
 from kcache_schemas import (
     EntryInfo,
+    EntrySignature,
     InvalidKeyError,
     KernelEntry,
     KernelManifest,
@@ -128,8 +129,14 @@ class CacheStore:
 
     # ---- shared commit protocol ---------------------------------------------------------
 
-    def _commit(self, record: IndexRecord, data: bytes, same_content: bool | None = None) -> PutResult:
+    def _commit(self, record: IndexRecord, data: bytes, supersede: Callable[[IndexRecord], bool] | None = None) -> PutResult:
+        """``supersede(existing)``: whether a stored record with other content gives way to this
+        one (write-once otherwise; see :func:`kcache_server.signatures.supersedes`)."""
         existing = self.index.get(record.namespace, record.kind, record.key)
+        if existing is not None and supersede is not None and _content_id(existing) != _content_id(record) and supersede(existing):
+            log.info("%s/%s/%s: the stored entry gives way to a trusted upload", record.namespace, record.kind, record.key)
+            self.index.delete(record.namespace, record.kind, record.key, digest=existing.digest)
+            existing = None
         if existing is not None:
             return self._resolve_existing(existing, record)
         self.blobs.put(record.digest, data)
@@ -273,7 +280,12 @@ class CacheStore:
 
     # ---- opaque Inductor cache entries ------------------------------------------------------
 
-    def put_entry(self, namespace: str, layer: str, key: str, data: bytes, producer: Producer) -> tuple[EntryInfo, bool]:
+    def put_entry(
+        self, namespace: str, layer: str, key: str, data: bytes, producer: Producer,
+        signature: EntrySignature | None = None, supersede: Callable[[EntryInfo], bool] | None = None,
+    ) -> tuple[EntryInfo, bool]:
+        """Store an entry (write-once). ``signature``: what its envelope says (kept in the index,
+        shown by the entry info route); ``supersede``: which stored entry this one may replace."""
         info = EntryInfo(
             namespace=namespace,
             layer=layer,
@@ -282,6 +294,7 @@ class CacheStore:
             sha256=hashlib.sha256(data).hexdigest(),
             created_at=datetime.now(timezone.utc),
             producer=producer,
+            signature=signature,
         )
         record = IndexRecord(
             namespace=namespace,
@@ -292,7 +305,8 @@ class CacheStore:
             meta=info.model_dump_json(),
             created_at=info.created_at.timestamp(),
         )
-        result = self._commit(record, data)
+        replaceable = None if supersede is None else (lambda existing: supersede(EntryInfo.model_validate_json(existing.meta)))
+        result = self._commit(record, data, replaceable)
         return EntryInfo.model_validate_json(result.meta), result.created
 
     def _entry_record(self, namespace: str, layer: str, key: str) -> IndexRecord:

@@ -1,6 +1,7 @@
 """Opaque Inductor remote-cache entries: ``/v1/{namespace}/entries/{layer}/{key}``.
 
-Bytes in, bytes out. The service never deserialises them (FX-graph entries carry pickles).
+Bytes in, bytes out. The service never deserialises them (FX-graph entries carry pickles); in a
+namespace with registered producer keys it checks their signature (:mod:`kcache_server.signatures`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from kcache_server.deps import (
     StoreDep,
     read_body,
 )
+from kcache_server.signatures import admit_entry, registered_keys, supersedes
 
 router = APIRouter(tags=["entries"])
 
@@ -42,7 +44,13 @@ async def put_entry(
 ) -> EntryInfo:
     body = await read_body(request, settings.max_entry_bytes)
     producer = Producer(compile_time_s=x_kcache_compile_time, kcache_version=x_kcache_producer)
-    info, created = await run_in_threadpool(store.put_entry, namespace, layer, key, body, producer)
+    keys = registered_keys(settings.registered_keys, namespace)
+
+    def put() -> tuple[EntryInfo, bool]:  # hashing and checking a signature: off the event loop
+        signature = admit_entry(keys, layer, key, body)
+        return store.put_entry(namespace, layer, key, body, producer, signature, supersedes(keys))
+
+    info, created = await run_in_threadpool(put)
     response.status_code = 201 if created else 200
     return info
 
@@ -59,7 +67,7 @@ def head_entry(namespace: Namespace, layer: Layer, key: EntryKey, store: StoreDe
     return Response(status_code=200, headers=_headers(info) | {"Content-Length": str(info.size)})
 
 
-@router.get(wire.ENTRY_INFO, response_model=EntryInfo, summary="An entry's metadata")
+@router.get(wire.ENTRY_INFO, response_model=EntryInfo, summary="An entry's metadata, with its signer and provenance if signed")
 def entry_info(namespace: Namespace, layer: Layer, key: EntryKey, store: StoreDep, _: CanRead) -> EntryInfo:
     return store.entry_info(namespace, layer, key)
 

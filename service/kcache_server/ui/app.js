@@ -348,6 +348,39 @@
     setTimeout(() => URL.revokeObjectURL(url), 10000);
   }
 
+  // ---- cache entries: who signed them, with what provenance ------------------------------
+
+  async function openEntry(layer, key) {
+    const box = $("entry");
+    let info;
+    try {
+      info = await api(nsPath("entries/" + encodeURIComponent(layer) + "/" + encodeURIComponent(key) + "/info"));
+    } catch (e) {
+      box.replaceChildren(el("div", { class: "bad" }, e.status === 404 ? `No ${layer} entry ${key} in this namespace.` : e.message));
+      return;
+    }
+    const producer = Object.entries(info.producer || {}).filter(([, v]) => v !== null).map(([k, v]) => `${k} ${v}`).join(", ");
+    const rows = [["layer", info.layer], ["key", info.key], ["size", fmtBytes(info.size)], ["sha256", info.sha256],
+      ["stored", fmtTime(Date.parse(info.created_at) / 1000)], ["producer", producer || "unknown"]];
+    const sig = info.signature;
+    let verdict;
+    if (!sig) {
+      rows.push(["signed by", "nobody: unsigned (consumers that verify refuse it)"]);
+    } else {
+      const p = sig.provenance;
+      const env = Object.entries(p.environment || {}).filter(([, v]) => v).map(([k, v]) => `${k} ${v}`).join(", ");
+      rows.push(["signed by", `${sig.alg} key ${sig.key_id}`], ["host", p.host], ["run", p.run_id || "–"],
+        ["signed at", fmtTime(Date.parse(p.created_at) / 1000)], ["environment", env || "unknown"], ["kcache", p.kcache_version]);
+      verdict = sig.verified
+        ? el("span", { class: "good" }, "checked by the service: signed by a key registered for this namespace")
+        : el("span", { class: "muted" }, "not checked by the service (no keys registered for this namespace, or HMAC); consumers check it themselves");
+    }
+    const dl = el("dl", { class: "manifest", id: "entry-info" });
+    for (const [k, v] of rows) dl.append(el("dt", {}, k), el("dd", { class: k === "key" || k === "sha256" ? "mono" : "" }, v));
+    if (verdict) dl.append(el("dt", {}, "signature"), el("dd", { id: "entry-verdict" }, verdict));
+    box.replaceChildren(dl);
+  }
+
   // ---- wiring -------------------------------------------------------------------------------
 
   async function refresh() {
@@ -376,6 +409,7 @@
     location.hash = "ns=" + encodeURIComponent(state.ns);
     $("workload").value = "";
     $("kernel").replaceChildren();
+    $("entry").replaceChildren();
     $("results").replaceChildren();
     $("run-detail").replaceChildren();
     refresh();
@@ -386,6 +420,11 @@
   $("search").addEventListener("submit", (ev) => {
     ev.preventDefault();
     search($("q").value).catch((e) => status("Error: " + e.message, true));
+  });
+  $("entry-search").addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    const key = $("entry-key").value.trim();
+    if (key) openEntry($("entry-layer").value, key).catch((e) => status("Error: " + e.message, true));
   });
   refresh();
 })();
