@@ -217,9 +217,15 @@ def test_public_keys_parse_from_every_form_users_have(keys: dict[str, KeyPair], 
     pem_file.write_text(pem)
     mixed = EntrySigning.from_config(ClientConfig(trusted_keys=f"{pem_file}, {keys['b'].public_line}"))
     assert mixed is not None and mixed.trusted.key_ids() == signing.trusted.key_ids()
-    for bad in ("kcache-ed25519 not-base64!", "kcache-ed25519 " + "QUJD" * 4, str(tmp_path / "missing.pub")):
-        broken = EntrySigning.from_config(ClientConfig(trusted_keys=bad))
-        assert broken is not None and broken.problem is not None and not broken.trusted
+    from cryptography.hazmat.primitives.serialization import BestAvailableEncryption, PrivateFormat
+
+    encrypted = tmp_path / "encrypted.key"  # a passphrase kcache cannot type in
+    encrypted.write_bytes(private.private_bytes(Encoding.PEM, PrivateFormat.PKCS8, BestAvailableEncryption(b"passphrase")))
+    unusable = [{"trusted_keys": bad} for bad in ("kcache-ed25519 not-base64!", "kcache-ed25519 " + "QUJD" * 4, str(tmp_path / "missing.pub"))]
+    unusable += [{"signing_private_key": str(encrypted)}, {"signing_private_key": str(tmp_path / "missing.key")}]
+    for options in unusable:
+        broken = EntrySigning.from_config(ClientConfig(**options))
+        assert broken is not None and broken.problem is not None and not broken.trusted, options
         with pytest.raises(SignatureError) as exc:  # configured but unusable: nothing gets through
             broken.open("fx-graph", "k", b"anything")
         assert exc.value.reason == "unavailable"
@@ -449,9 +455,10 @@ def test_inductor_recompiles_rather_than_unpickle_a_graph_no_trusted_key_signed(
 
     url = live_service.url
     a_public = str(keys["a"].public)
+    lean = {"N_KERNELS": "1"}  # the job's Triton kernels are not what this test is about
     # A trusted producer compiles and uploads A-signed entries, with its provenance.
     produced = run_node(tmp_path, "producer", url, KCACHE_SIGNING_PRIVATE_KEY=str(keys["a"].private),
-                        KCACHE_WORKLOAD="signed", KCACHE_RUN_ID="ci-signed-1")
+                        KCACHE_WORKLOAD="signed", KCACHE_RUN_ID="ci-signed-1", **lean)
     assert produced["stats"]["fx-graph"]["puts"] == 1 and produced["stats"]["aot-autograd"]["puts"] == 1
     client = KcacheClient(ClientConfig(url=url))
     view = client.get_json("/v1/default/workloads/signed")
@@ -462,7 +469,7 @@ def test_inductor_recompiles_rather_than_unpickle_a_graph_no_trusted_key_signed(
     assert signed.payload().startswith(fx_graph_entries.MAGIC)  # kcache's raw-pickle FX envelope inside
 
     # A consumer trusting A: remote FX-graph and AOTAutograd hits, unpickled straight from the envelope.
-    trusting = run_node(tmp_path, "trusting", url, KCACHE_TRUSTED_KEYS=a_public, FORBID_FX_GRAPH_JSON="1")
+    trusting = run_node(tmp_path, "trusting", url, KCACHE_TRUSTED_KEYS=a_public, FORBID_FX_GRAPH_JSON="1", **lean)
     assert trusting["fx"].get("fxgraph_cache_hit") == 1 and not trusting["fx"].get("fxgraph_cache_miss")
     assert trusting["aot"].get("autograd_cache_hit") == 1
     assert trusting["stats"]["fx-graph"]["errors"] == 0 and trusting["out"] == produced["out"]
@@ -479,7 +486,7 @@ def test_inductor_recompiles_rather_than_unpickle_a_graph_no_trusted_key_signed(
     assert forger is not None
     poisoned = forger.seal("fx-graph", fx_key, fx_graph_entries.encode(inductor_json) or b"")
     KcacheClient(ClientConfig(url=url, namespace="poisoned")).put_entry("fx-graph", fx_key, poisoned)
-    victim = run_node(tmp_path, "victim", url, KCACHE_NAMESPACE="poisoned", KCACHE_TRUSTED_KEYS=a_public)
+    victim = run_node(tmp_path, "victim", url, KCACHE_NAMESPACE="poisoned", KCACHE_TRUSTED_KEYS=a_public, **lean)
     assert not marker.exists()
     assert victim["fx"].get("fxgraph_cache_miss") == 1 and not victim["fx"].get("fxgraph_cache_hit")
     assert victim["stats"]["fx-graph"]["error_kinds"] == {"untrusted_key": 1}

@@ -90,8 +90,9 @@ class EntrySigning:
                 public_keys.append(own)
                 signer = Signer("ed25519", envelope.ed25519_key_id(own), private.sign)
             require_cryptography()  # verifying needs it even where no private key is given
-        except (OSError, ValueError, SigningUnavailable) as exc:
-            return cls(TrustedKeys(), run_id=config.run_id, problem=str(exc))
+        except Exception as exc:  # unreadable, malformed, encrypted, another kind of key, no cryptography
+            problem = str(exc) if isinstance(exc, (OSError, ValueError, SigningUnavailable)) else f"{type(exc).__name__}: {exc}"
+            return cls(TrustedKeys(), run_id=config.run_id, problem=problem)
         return cls(TrustedKeys.of(public_keys, [secret] if secret else []), signer, secret, config.run_id)
 
     def seal(self, layer: str, key: str, data: bytes) -> bytes:
