@@ -12,6 +12,19 @@ For each workload, against a kcache service on the embedded default on the same 
                      gets from kcache's client-side fixes (e.g. coordinate-descent reuse), so the
                      warm/local comparison is also made with both sides running kcache.
 
+With Dynamo's precompile cache on (``TORCH_CACHING_PRECOMPILE=1``, the user's opt-in; kcache's
+``dynamo`` layer serves its packages, ``client/kcache/dynamo_cache.py``):
+
+* ``populate-precompile``    kcache on, a fresh node, its own workload: compiles, and kcache saves
+                             and uploads the packages at exit (no ``save_cache_artifacts`` call).
+* ``kcache-warm-precompile`` a fresh node, kcache on: Dynamo's package from the service.
+* ``local-warm-precompile``  the populate-precompile node's caches (torch's own ``dynamo`` dir
+                             included, which kcache's save at exit wrote), second process, kcache
+                             off: what a node that saved its packages gets without kcache.
+
+Each run also records its time to first result (process start to the first output, the
+interpreter's start, imports, model construction and the first call included).
+
 Each run records the first-call time, Inductor's cache counters and kcache's stats, and saves its
 output so warm runs can be compared with the cold one. Writes ``<out>/gpu_e2e.json`` and a bar
 chart ``<out>/gpu_e2e.png``.
@@ -41,8 +54,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-SCENARIOS = ["cold", "populate", "kcache-warm", "kcache-prefetch", "kernels-only", "local-warm", "local-warm-kcache"]
-REPEATED = ("kcache-warm", "local-warm", "local-warm-kcache")  # what --repeats runs again
+SCENARIOS = [
+    "cold", "populate", "kcache-warm", "kcache-prefetch", "kernels-only", "local-warm", "local-warm-kcache",
+    "populate-precompile", "kcache-warm-precompile", "local-warm-precompile",
+]
+REPEATED = ("kcache-warm", "local-warm", "local-warm-kcache", "kcache-warm-precompile", "local-warm-precompile")  # what --repeats runs again
 WORKLOADS = ["resnet50", "gpt2-train", "gpt2-autotune", "triton-op"]
 
 
@@ -136,6 +152,7 @@ def child(workload: str, device: str, out: Path) -> None:
     result = step(inputs)
     sync()
     first_call_s = time.perf_counter() - t0
+    first_result_at = time.time()  # wall clock: the orchestrator knows when it started the process
     if profiler is not None:
         profiler.disable()
         _write_profile(profiler, out)
@@ -160,6 +177,7 @@ def child(workload: str, device: str, out: Path) -> None:
         "cache_dirs": _cache_dirs(),
         "first_call_s": first_call_s,
         "first_call_started": t0_wall,  # wall clock, to line up with the compile trace
+        "first_result_at": first_result_at,
         "pid": os.getpid(),
         "process_s": time.perf_counter() - t_start,
         "exit_flush_s": time.perf_counter() - t_close,
@@ -300,6 +318,7 @@ def run_node(
     shown = ("KCACHE_", "TRITON_", "TORCHINDUCTOR_", "HOME", "TMPDIR", "HF_", "TRANSFORMERS_OFFLINE", "PYTHONUSERBASE", "XDG_")
     node_env = {k: v for k, v in sorted(env.items()) if k.startswith(shown) and k != "KCACHE_BENCH_TRACE_DIR"}
     cmd = [sys.executable, __file__, "--child", workload, "--device", device, "--child-out", str(out)]
+    started_at = time.time()
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     wall = time.perf_counter() - t0
@@ -309,6 +328,8 @@ def run_node(
         return {"error": f"exit {proc.returncode}: {proc.stderr[-1500:]}", "wall_s": wall, "node_env": node_env, "stderr": stderr}
     report = json.loads((out / "report.json").read_text())
     report["wall_s"] = wall
+    # Process start to first output: what a user waits for (imports, model, first call).
+    report["time_to_first_result_s"] = report["first_result_at"] - started_at
     report["node_env"] = node_env
     report["stderr"] = stderr
     report["triton_compiles"] = summarize_trace(trace, report)
@@ -376,6 +397,10 @@ def run_workload(
     # In the default environment the fresh node runs as a fleet job does: with its workload named
     # (prefetch from interpreter start, while the main thread is still importing torch).
     warm = {**on, "KCACHE_WORKLOAD": workload} if default_env else on
+    # Dynamo's precompile cache on, with a workload of its own (its manifest lists the packages).
+    pc = {"TORCH_CACHING_PRECOMPILE": "1"}
+    pc_workload = {"KCACHE_WORKLOAD": f"{workload}-precompile"}
+    warm_pc = {**on, **pc, **pc_workload} if default_env else {**on, **pc}
     plans: list[tuple[str, str, dict[str, str]]] = [
         ("cold", "node-cold", off),
         ("populate", "node-populate", {**on, "KCACHE_WORKLOAD": workload}),
@@ -384,6 +409,9 @@ def run_workload(
         ("kernels-only", "node-kernels", {**on, "KCACHE_LAYERS": "none"}),
         ("local-warm", "node-cold", off),  # the cold node again, caches kept
         ("local-warm-kcache", "node-cold", {**on, "KCACHE_MODE": "readonly"}),
+        ("populate-precompile", "node-populate-pc", {**on, **pc, **pc_workload}),
+        ("kcache-warm-precompile", "node-warm-pc", warm_pc),
+        ("local-warm-precompile", "node-populate-pc", {**off, **pc}),  # that node's caches, kcache off
     ]
     runs: dict[str, Any] = {}
     result: dict[str, Any] = {"summary": {}, "runs": runs}
@@ -407,8 +435,8 @@ def run_workload(
             for scenario, node, env in plans:
                 if scenario not in REPEATED or (scenarios and scenario not in scenarios):
                     continue
-                # kcache-warm needs a fresh node each time; the local scenarios rerun the cold node.
-                rep_node = node if node == "node-cold" else f"{node}-r{i}"
+                # kcache-warm needs a fresh node each time; the local scenarios rerun their node.
+                rep_node = node if scenario.startswith("local-warm") else f"{node}-r{i}"
                 rep = run_node(workload, f"{scenario}-r{i}", wroot / rep_node, device, env, timeout, default_env)
                 runs.setdefault(f"{scenario}-repeats", []).append(rep.get("first_call_s"))
                 runs.setdefault(f"{scenario}-repeat-reports", []).append(rep)
@@ -446,9 +474,21 @@ def summarize(runs: dict[str, Any]) -> dict[str, Any]:
             summary[s] = summary[f"{s}-median"] = statistics.median(values)
     for limit in ("local-warm", "local-warm-kcache"):
         if local := summary.get(limit):
-            for s in ("kcache-warm", "kcache-prefetch"):
+            for s in ("kcache-warm", "kcache-prefetch", "kcache-warm-precompile", "local-warm-precompile"):
                 if summary.get(s):
                     summary[f"{s}/{limit}"] = summary[s] / local
+    if cold := summary.get("cold"):
+        for s in ("populate", "populate-precompile"):
+            if summary.get(s):
+                summary[f"{s}/cold"] = summary[s] / cold
+    ttfr = {s: runs[s].get("time_to_first_result_s") for s in SCENARIOS if s in runs and runs[s].get("time_to_first_result_s")}
+    for s in REPEATED:
+        values = [r.get("time_to_first_result_s") for r in [runs.get(s, {}), *runs.get(f"{s}-repeat-reports", [])]]
+        values = [v for v in values if v]
+        if len(values) > 1:
+            ttfr[s] = statistics.median(values)
+    if ttfr:
+        summary["time_to_first_result"] = ttfr
     return summary
 
 
@@ -550,7 +590,7 @@ def main() -> int:
         plot(results, out / f"gpu_e2e{args.tag}.png")
     except ImportError:
         print("matplotlib missing: no plot", file=sys.stderr)
-    ratios = ("kcache-warm/local-warm", "kcache-prefetch/local-warm", "kcache-warm/local-warm-kcache")
+    ratios = ("kcache-warm/local-warm", "kcache-prefetch/local-warm", "kcache-warm/local-warm-kcache", "kcache-warm-precompile/local-warm")
     print(f"{'workload':16}" + "".join(f"{s:>18}" for s in SCENARIOS) + "".join(f"  {r}" for r in ratios))
     for w, r in results["workloads"].items():
         s = r["summary"]

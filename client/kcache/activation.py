@@ -49,6 +49,12 @@ def activate(**overrides: Any) -> bool:
             from kcache.remote_cache import install_remote_caches, selected_layers
 
             install_remote_caches(selected_layers(config.layers))
+        with guard("could not serve Dynamo's precompile cache"):
+            from kcache import dynamo_cache
+            from kcache.remote_cache import selected_layers
+
+            if dynamo_cache.LAYER in selected_layers(config.layers):
+                dynamo_cache.install()
         with guard("could not hook Inductor's autotune recheck"):
             from kcache.coordesc_reuse import install as install_coordesc_reuse
 
@@ -57,6 +63,10 @@ def activate(**overrides: Any) -> bool:
 
 
 def deactivate() -> None:
+    if "kcache.dynamo_cache" in sys.modules:
+        from kcache import dynamo_cache
+
+        dynamo_cache.uninstall()  # hands over what this process compiled, then unhooks
     if "kcache.remote_cache" in sys.modules:
         from kcache.remote_cache import uninstall_remote_caches
 

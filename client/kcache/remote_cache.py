@@ -60,6 +60,9 @@ PREDICATES = {
     )
 }
 PATCHES = "remote-caches"
+# Every layer KCACHE_LAYERS may name: Inductor's remote caches above, and Dynamo's precompile
+# packages (kcache.dynamo_cache: torch has no remote-cache class for them).
+SELECTABLE = [*LAYERS, L.DYNAMO.value]
 _served: set[str] = set()  # layers installed now (a predicate module may load later)
 
 
@@ -142,10 +145,10 @@ def _install_fast_reads() -> None:
 def selected_layers(raw: str | None) -> list[str]:
     """The layers ``KCACHE_LAYERS`` names (a comma list, ``all`` or unset: every one, ``none``)."""
     if raw is None or raw.strip().lower() in ("", "all"):
-        return list(LAYERS)
+        return list(SELECTABLE)
     if raw.strip().lower() == "none":
         return []
-    return [layer for layer in (p.strip() for p in raw.split(",")) if layer in LAYERS]
+    return [layer for layer in (p.strip() for p in raw.split(",")) if layer in SELECTABLE]
 
 
 def _gpu_visible() -> bool:
@@ -165,6 +168,8 @@ def install_remote_caches(layers: list[str]) -> list[str]:
     backend = backend_class()
     gpu = _gpu_visible()
     for layer in layers:
+        if layer not in LAYERS:
+            continue  # served elsewhere (the dynamo layer)
         if layer in GPU_ONLY and not gpu:
             continue
         cls_name, (config_module, switch) = LAYERS[layer]

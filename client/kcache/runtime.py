@@ -35,6 +35,15 @@ from kcache.uploader import EntryUpload, KernelDirUpload, KernelUpload, Uploader
 log = logging.getLogger("kcache")
 KERNEL_LAYER = wire.CacheLayer.KERNEL.value
 T = TypeVar("T")
+# Run at the start of every Runtime.close(), before uploads are flushed: layers whose entries
+# exist only once the job's compiles are done (Dynamo's precompile packages) hand them over here.
+_before_close: list[Callable[[], None]] = []
+
+
+def before_close(hook: Callable[[], None]) -> None:
+    """Register ``hook`` (once) to run at the start of every :meth:`Runtime.close`."""
+    if hook not in _before_close:
+        _before_close.append(hook)
 
 
 def producer_info(compile_time_s: float | None = None) -> Producer:
@@ -278,6 +287,11 @@ class Runtime:
         if self._closed:
             return
         self._closed = True
+        for hook in list(_before_close):
+            try:
+                hook()
+            except Exception as exc:
+                warn_once("could not hand over entries at exit", exc)
         # A job that exits right after compiling still hands its uploads to a healthy service,
         # whether or not the service answered this process before; a service known to be dead
         # (refused, or the breaker open) costs nothing, and any other wait is capped.

@@ -55,6 +55,7 @@ class CacheLayer(str, enum.Enum):
     AOT_AUTOGRAD = "aot-autograd"
     DYNAMO_PGO = "dynamo-pgo"
     TRITON_MODULE = "triton-module"
+    DYNAMO = "dynamo"  # Dynamo's precompile packages (torch._dynamo.config.caching_precompile)
 
 
 ENTRY_LAYERS = tuple(layer.value for layer in CacheLayer if layer is not CacheLayer.KERNEL)

@@ -1,0 +1,385 @@
+"""Dynamo's precompile cache served by kcache: the ``dynamo`` layer.
+
+With ``torch._dynamo.config.caching_precompile`` on (``TORCH_CACHING_PRECOMPILE=1``, the user's
+opt-in: it drops ID_MATCH, CLOSURE_MATCH, WEAKREF_ALIVE and DICT_VERSION guards), torch keeps a
+``CompilePackage`` per compiled function: Dynamo's bytecode and guards plus the AOTAutograd/
+Inductor artifacts of every graph. A process that finds one in ``DynamoCache`` (torch 2.13+:
+``DiskDynamoCache``, ``<inductor cache dir>/dynamo/<source id>/entry``) skips Dynamo tracing and
+the FX-graph lookups altogether. torch writes packages there only when the user calls
+``torch.compiler.save_cache_artifacts()``.
+
+kcache serves that cache fleet-wide:
+
+* **lookup**: ``DiskDynamoCache.load(fn)`` is wrapped; on a local miss the entry is asked of
+  kcache (local tier, a promised prefetch, then the service: :meth:`Runtime.get_entry`) and
+  written where torch reads it, then torch's own ``load`` runs as it always does.
+* **store**: ``DiskDynamoCache._write_to_local_cache(pickled, source_id)`` is wrapped: every
+  package torch writes (the user's ``save_cache_artifacts()`` or kcache's save at exit) is also
+  uploaded (:meth:`Runtime.put_entry`: signed if signing is on, recorded in the workload).
+* **save at exit**: at :meth:`Runtime.close` (interpreter exit, ``uninstall()``), packages this
+  process compiled and did not save are written through torch's
+  ``PrecompileContext.save_to_dynamo_cache()``, as ``save_cache_artifacts()`` would. At exit
+  because a package is complete only then: a training graph's backward is compiled at the first
+  ``backward()``, a graph break's resume functions and a recompile's guards come later, and the
+  service's entries are write-once (the first upload of a key stands). A process killed without
+  exit handlers uploads nothing of this layer.
+
+**Keys.** torch's source id is ``sha256(qualname, first line)``: ``Net.forward`` at line 12 of
+two projects collide, and torch relies on its source checks at load time. The service key adds
+what must match for a package to be right on another machine, none of it a path, host or rank:
+the environment fingerprint (torch, triton, CUDA/HIP, GPU arch) and torch's own
+``SystemInfo`` (Python, GPU name: what torch refuses a package for), the function's module,
+name, line and bytecode, the contents of the source files of the function and of every module
+class in an ``nn.Module``'s tree (an edit anywhere there is a new key: with write-once entries a
+stale package could otherwise never be replaced), the tree's parameter and buffer shapes, the
+``torch.compile`` backend and its options (mode), and Dynamo's, AOTAutograd's and Inductor's
+portable configs (absolute paths left out).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+import logging
+import os
+import sys
+import threading
+import types
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from kcache_schemas import wire
+
+from kcache import fingerprint, patching
+from kcache.after_import import call_after_import, imported
+from kcache.current import get_runtime
+from kcache.failopen import guard, warn_once
+from kcache.runtime import before_close
+
+log = logging.getLogger("kcache.dynamo_cache")
+
+LAYER = wire.CacheLayer.DYNAMO.value
+PATCHES = "dynamo-cache"
+PACKAGE_MODULE = "torch._dynamo.package"
+EVAL_FRAME_MODULE = "torch._dynamo.eval_frame"
+KEY_PREFIX = "pt2-precompile-v1:"
+
+_served = False
+_lock = threading.Lock()
+_service_keys: dict[str, str | None] = {}  # torch's source id -> service key (None: ambiguous)
+_from_service: set[str] = set()  # source ids fetched from kcache: already stored there
+_handed_over: set[str] = set()  # source ids this process uploaded
+_compiling = threading.local()  # .backend: the torch.compile backend being wrapped right now
+_original_write: Callable[..., Any] | None = None  # torch's own store: fetched entries are not uploaded again
+
+
+def install() -> None:
+    """Serve the layer once torch's precompile modules have loaded (kcache installs while torch
+    may still be importing them)."""
+    global _served
+    _served = True
+    before_close(save_pending)
+    call_after_import(EVAL_FRAME_MODULE, _hook_eval_frame)
+    call_after_import(PACKAGE_MODULE, _hook_package)
+
+
+def uninstall() -> None:
+    """Hand over what this process compiled (through the hooks, still in place), then unhook."""
+    global _served, _original_write
+    with guard("could not save Dynamo's precompile packages"):
+        save_pending()
+    _served = False
+    patching.restore(PATCHES)
+    _original_write = None
+
+
+def _precompile_on() -> bool:
+    config = imported("torch._dynamo.config")
+    return bool(getattr(config, "caching_precompile", False))
+
+
+# ---- hooks ---------------------------------------------------------------------------------------
+
+
+def _hook_package(module: types.ModuleType) -> None:
+    global _original_write
+    with guard("could not hook Dynamo's precompile cache; layer dynamo not served"):
+        cls = getattr(module, "DiskDynamoCache", None)
+        load = patching.current(cls, "load") if isinstance(cls, type) else None
+        write = getattr(cls, "_write_to_local_cache", None)
+        if not _served or getattr(load, "__wrapped__", None) is not None:
+            return  # uninstalled before the module loaded, or hooked already
+        source_id = getattr(getattr(module, "CompilePackage", None), "source_id_from_fn", None)
+        if not (callable(load) and callable(write) and callable(getattr(cls, "path_prefix", None)) and callable(source_id)):
+            # torch 2.9-2.12: packages are written only by PrecompileContext.populate_caches
+            # (load_cache_artifacts), as two pickles, and DynamoCache.load returns a tuple.
+            if _precompile_on():
+                warn_once(
+                    "this torch's DynamoCache has no DiskDynamoCache.load/_write_to_local_cache/path_prefix; layer dynamo "
+                    "not served (Dynamo traces as without kcache; the other layers still serve)"
+                )
+            return
+        _original_write = write
+        patching.patch(PATCHES, cls, "load", _wrap_load(module, load))
+        patching.patch(PATCHES, cls, "_write_to_local_cache", _wrap_write(write))
+
+
+def _hook_eval_frame(module: types.ModuleType) -> None:
+    with guard("could not learn torch.compile's backend for Dynamo's precompile keys; layer dynamo not served"):
+        ctx = getattr(module, "_TorchDynamoContext", None)
+        original = patching.current(ctx, "__call__") if isinstance(ctx, type) else None
+        if not _served or not callable(original) or getattr(original, "__wrapped__", None) is not None:
+            return
+
+        @functools.wraps(original)
+        def __call__(self: Any, fn: Any) -> Any:
+            previous = getattr(_compiling, "backend", None)
+            _compiling.backend = getattr(self, "callback", None)
+            try:
+                return original(self, fn)
+            finally:
+                _compiling.backend = previous
+
+        patching.patch(PATCHES, ctx, "__call__", __call__)
+
+
+def _wrap_load(module: types.ModuleType, original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def load(self: Any, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        fetched = False
+        with guard("dynamo lookup failed"):
+            fetched = _fetch(module, self, fn)
+        result = original(self, fn, *args, **kwargs)  # torch's, unguarded
+        if fetched and result is None:
+            with guard("dynamo lookup failed"):
+                rt = get_runtime()
+                if rt is not None:
+                    rt.stats.error(LAYER, "unloadable")  # torch counted dynamo_cache_error and said why
+        return result
+
+    return load
+
+
+def _wrap_write(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def write(self: Any, pickled_content: bytes, path: str, *args: Any, **kwargs: Any) -> Any:
+        result = original(self, pickled_content, path, *args, **kwargs)  # torch's, unguarded
+        with guard("dynamo store failed"):
+            _upload(path, pickled_content)
+        return result
+
+    return write
+
+
+# ---- lookup and store ----------------------------------------------------------------------------
+
+
+def _fetch(module: types.ModuleType, store: Any, fn: Any) -> bool:
+    """On a local miss, put kcache's entry where torch's ``load`` reads it; True if it did."""
+    rt = get_runtime()
+    if rt is None or not _served:
+        return False
+    source_id = str(module.CompilePackage.source_id_from_fn(fn))
+    key = service_key(fn)
+    with _lock:
+        known = _service_keys.setdefault(source_id, key)
+        if known != key:  # two functions of this process share torch's source id: torch mixes them
+            _service_keys[source_id] = None
+            return False
+    if os.path.exists(os.path.join(store.path_prefix(), source_id)):
+        return False  # torch's own local entry: torch reads it
+    write = _original_write
+    if write is None:
+        return False
+    data = rt.get_entry(LAYER, key)
+    if data is None:
+        return False
+    write(store, data, source_id)  # torch's atomic write, unhooked: the service has it
+    with _lock:
+        _from_service.add(source_id)
+    return True
+
+
+def _upload(source_id: str, pickled: bytes) -> None:
+    rt = get_runtime()
+    if rt is None or not _served:
+        return
+    with _lock:
+        key = _service_keys.get(source_id)
+        if key is None or source_id in _from_service:
+            return  # a function whose lookup this process did not see, an ambiguous id, or the service's own entry
+        _handed_over.add(source_id)
+    rt.put_entry(LAYER, key, bytes(pickled))
+
+
+def save_pending() -> None:
+    """Have torch write the packages this process compiled and did not hand over (what
+    ``torch.compiler.save_cache_artifacts()`` does for them), so the store hook uploads them."""
+    if not _served or not patching.is_patched(PATCHES) or get_runtime() is None:
+        return
+    context = imported("torch._dynamo.precompile_context")
+    if context is None or not _precompile_on():
+        return
+    ctx = context.PrecompileContext
+    entries = getattr(ctx, "_dynamo_cache_entries", None)
+    save = getattr(ctx, "save_to_dynamo_cache", None)
+    if not isinstance(entries, dict) or not callable(save):
+        return
+    with _lock:
+        pending = [s for s in entries if _service_keys.get(s) and s not in _from_service and s not in _handed_over]
+    if pending:
+        save()
+
+
+# ---- the service key -----------------------------------------------------------------------------
+
+
+def service_key(fn: Any) -> str:
+    """A portable, environment-scoped key for the package of ``fn`` (see the module docstring)."""
+    target = _innermost(fn)
+    owner = getattr(target, "__self__", None)
+    code = getattr(target, "__code__", None)
+    material = {
+        "fingerprint": fingerprint.current().model_dump(),
+        "system": _system_info(),
+        "function": [getattr(target, "__module__", None), getattr(target, "__qualname__", None),
+                     getattr(code, "co_firstlineno", None), _code_digest(code) if code is not None else None],
+        "sources": _source_digests(target, owner),
+        "tree": _module_tree(owner),
+        "backend": _backend_identity(getattr(_compiling, "backend", None)),
+        "configs": _configs(),
+    }
+    blob = json.dumps(_normalize(material)).encode()
+    return KEY_PREFIX + hashlib.sha256(blob).hexdigest()
+
+
+def _innermost(fn: Any) -> Any:
+    while hasattr(fn, "_torchdynamo_orig_callable"):  # what torch's innermost_fn unwraps
+        fn = fn._torchdynamo_orig_callable
+    return fn
+
+
+def _system_info() -> Any:
+    """torch's own ``SystemInfo`` (Python, torch, toolkit, triton, GPU name): a package from
+    another one is refused by torch at load time."""
+    package = imported(PACKAGE_MODULE)
+    info = getattr(package, "SystemInfo", None)
+    current = getattr(info, "current", None)
+    if not callable(current):
+        return None
+    value = current()
+    return dataclasses.asdict(value) if dataclasses.is_dataclass(value) and not isinstance(value, type) else repr(value)
+
+
+def _code_digest(code: Any) -> str:
+    """Bytecode, names and constants, recursively; no file name (a path), no object address."""
+    h = hashlib.sha256()
+    for attr in ("co_argcount", "co_posonlyargcount", "co_kwonlyargcount", "co_flags", "co_code", "co_names",
+                 "co_varnames", "co_freevars", "co_cellvars", "co_qualname"):
+        h.update(repr(getattr(code, attr, None)).encode())
+    for const in getattr(code, "co_consts", ()):
+        h.update(_const_repr(const).encode())
+    return h.hexdigest()
+
+
+def _const_repr(const: Any) -> str:
+    if isinstance(const, types.CodeType):
+        return "code:" + _code_digest(const)
+    if isinstance(const, frozenset):  # iteration order follows string hashing: per process
+        return "frozenset:" + ",".join(sorted(_const_repr(c) for c in const))
+    if isinstance(const, tuple):
+        return "(" + ",".join(_const_repr(c) for c in const) + ")"
+    return f"{type(const).__name__}:{const!r}"
+
+
+@functools.lru_cache(maxsize=256)
+def _file_digest(path: str) -> str | None:
+    try:
+        with open(path, "rb") as fh:
+            return hashlib.sha256(fh.read()).hexdigest()
+    except OSError:
+        return None
+
+
+def _module_file(name: str | None) -> str | None:
+    module = sys.modules.get(name or "")
+    path = getattr(module, "__file__", None)
+    return path if isinstance(path, str) else None
+
+
+def _source_digests(target: Any, owner: Any) -> list[list[Any]]:
+    """Content hashes of the files that define the function and the module tree's classes,
+    named by module (never by path)."""
+    names = {getattr(target, "__module__", None)}
+    names.update(type(m).__module__ for m in _submodules(owner))
+    digests = []
+    for name in sorted(n for n in names if n):
+        path = _module_file(name)
+        digests.append([name, _file_digest(path) if path else None])
+    return digests
+
+
+def _submodules(owner: Any) -> Iterator[Any]:
+    modules = getattr(owner, "modules", None)
+    nn = imported("torch.nn")
+    if owner is None or nn is None or not isinstance(owner, nn.Module) or not callable(modules):
+        return iter(())
+    return iter(modules())
+
+
+def _module_tree(owner: Any) -> list[Any] | None:
+    """An ``nn.Module``'s structure: classes, training flags, parameter and buffer shapes."""
+    nn = imported("torch.nn")
+    if owner is None or nn is None or not isinstance(owner, nn.Module):
+        return None
+    tree: list[Any] = [[name, type(m).__module__, type(m).__qualname__, bool(m.training)] for name, m in owner.named_modules()]
+    for name, t in [*owner.named_parameters(), *owner.named_buffers()]:
+        tree.append([name, list(t.shape), str(t.dtype), t.device.type, bool(t.requires_grad)])
+    return tree
+
+
+def _backend_identity(callback: Any) -> list[Any] | None:
+    """The ``torch.compile`` backend behind Dynamo's callback, with its options (``mode`` lands
+    in the Inductor wrapper's ``config``), never an object address."""
+    if callback is None:
+        return None
+    backend = callback
+    while hasattr(backend, "_torchdynamo_orig_backend"):  # torch's innermost_backend
+        backend = backend._torchdynamo_orig_backend
+    config = getattr(backend, "config", None)
+    return [
+        type(backend).__module__, type(backend).__qualname__, getattr(backend, "__qualname__", None),
+        getattr(backend, "compiler_name", None),
+        {str(k): v for k, v in config.items()} if isinstance(config, dict) else None,
+        repr(getattr(backend, "dynamic", None)),
+    ]
+
+
+def _configs() -> dict[str, Any]:
+    """Dynamo's, AOTAutograd's and Inductor's portable configs (what their own cache keys hash),
+    without absolute paths (Dynamo's ``base_dir``, ``debug_dir_root``: per machine)."""
+    out: dict[str, Any] = {}
+    for name in ("torch._dynamo.config", "torch._functorch.config", "torch._inductor.config"):
+        portable = getattr(imported(name), "save_config_portable", None)
+        if not callable(portable):
+            out[name] = None
+            continue
+        items = portable()
+        out[name] = {str(k): v for k, v in items.items() if not (isinstance(v, str) and os.path.isabs(v))}
+    return out
+
+
+def _normalize(value: Any) -> Any:
+    """A JSON-able form that is the same in every process: dicts as sorted pairs, sets sorted (a
+    set of strings iterates in a per-process order), anything else JSON cannot spell as its repr."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, dict):
+        return sorted(([str(k), _normalize(v)] for k, v in value.items()), key=lambda kv: kv[0])
+    if isinstance(value, (list, tuple)):
+        return [_normalize(v) for v in value]
+    if isinstance(value, (set, frozenset)):
+        return sorted(json.dumps(_normalize(v)) for v in value)
+    return repr(value)

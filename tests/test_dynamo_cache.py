@@ -1,0 +1,166 @@
+"""The ``dynamo`` layer: Dynamo's precompile packages (``TORCH_CACHING_PRECOMPILE=1``) served
+fleet-wide, so a fresh node skips Dynamo tracing too (``kcache.dynamo_cache``).
+
+The end-to-end test runs a user's job (``tests/dynamo_job.py``) as fresh interpreters in the
+user's default environment (``tests/test_host_safety.py``'s ``Node``: own HOME and TMPDIR, no
+cache dir set, activation through ``KCACHE_URL`` at interpreter start, exit right after the
+compile); the job never calls ``torch.compiler.save_cache_artifacts()``.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_host_safety import Node
+
+torch = pytest.importorskip("torch")
+pytest_plugins = ["live"]
+
+from kcache.config import ClientConfig  # noqa: E402
+from kcache.http import KcacheClient  # noqa: E402
+from kcache.signing import MAGIC  # noqa: E402
+
+JOB = Path(__file__).with_name("dynamo_job.py")
+
+
+def _torch_serves_packages() -> bool:
+    """torch 2.13+: ``DiskDynamoCache`` writes packages through ``_write_to_local_cache`` (torch
+    2.9 writes them only when ``load_cache_artifacts`` populates its caches, and its
+    ``DynamoCache.load`` breaks on ``torch.compile(nn.Module)`` with precompile on)."""
+    import torch._dynamo.package as package
+
+    cls = getattr(package, "DiskDynamoCache", None)
+    return callable(getattr(cls, "_write_to_local_cache", None)) and callable(getattr(cls, "load", None))
+
+
+needs_packages = pytest.mark.skipif(
+    not _torch_serves_packages(), reason=f"torch {torch.__version__} has no DiskDynamoCache._write_to_local_cache: kcache does not serve the dynamo layer there"
+)
+
+
+def run_node(node: Node, **kcache: str) -> dict[str, Any]:
+    stats = node.root / "stats.json"
+    env = node.env(TORCH_CACHING_PRECOMPILE="1", KCACHE_STATS_FILE=str(stats), **kcache)
+    proc = subprocess.run([sys.executable, str(JOB)], env=env, cwd=node.root, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-4000:]
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))
+    result: dict[str, Any] = json.loads(line[len("RESULT "):])
+    result["stats"] = json.loads(stats.read_text())["layers"] if stats.exists() else {}
+    result["stderr"] = proc.stderr
+    result["kcache_lines"] = [ln for ln in proc.stderr.splitlines() if "kcache:" in ln]
+    return result
+
+
+@needs_packages
+@pytest.mark.slow
+def test_a_fresh_node_skips_dynamo_with_the_package_another_node_compiled(live_service, tmp_path: Path) -> None:
+    fleet = {"KCACHE_URL": live_service.url, "KCACHE_WORKLOAD": "precompiled", "KCACHE_SIGNING_KEY": "fleet-secret"}
+    # Node A compiles (Dynamo traces, Inductor compiles) and exits; kcache saves its package at exit.
+    a = run_node(Node(tmp_path / "a"), **fleet)
+    assert a["precompile"] and a["dynamo_cache"] == {"dynamo_cache_miss": 1}
+    assert a["stats"]["dynamo"]["puts"] == 1 and a["stats"]["dynamo"]["put_errors"] == 0, a["stats"]
+    assert not a["kcache_lines"], a["kcache_lines"]
+    assert list((tmp_path / "a" / "tmp").glob("torchinductor_*/dynamo/*/entry")), "torch's own local copy"
+
+    client = KcacheClient(ClientConfig(url=live_service.url))
+    view = client.get_json("/v1/default/workloads/precompiled")
+    keys = [e["key"] for e in view["entries"] if e["layer"] == "dynamo"]
+    assert len(keys) == 1 and keys[0].startswith("pt2-precompile-v1:")
+    stored, _ = client.get_entry("dynamo", keys[0])
+    assert stored.startswith(MAGIC)  # signed, like every entry of a fleet with a signing key
+    assert str(tmp_path).encode() not in keys[0].encode()
+
+    # Node B: new HOME and TMPDIR (another machine), same workload: the package arrives by the
+    # prefetch (or the service), torch loads it: no Dynamo trace, no FX-graph or AOTAutograd lookup.
+    b = run_node(Node(tmp_path / "b"), **fleet)
+    assert b["dynamo_cache"] == {"dynamo_cache_hit": 1}, b["stderr"][-3000:]
+    assert b["fx_graph"] == {} and b["aot_autograd"] == {}
+    assert (b["out"], b["grad"]) == (a["out"], a["grad"])
+    assert b["stats"]["dynamo"]["hits"] == 1 and b["stats"]["dynamo"]["errors"] == 0
+    assert b["stats"]["dynamo"]["puts"] == 0  # the fleet has it: nothing to hand back
+    assert not b["kcache_lines"], b["kcache_lines"]
+
+
+def _install(url: str, tmp_path: Path) -> Any:
+    import kcache
+    from kcache.current import get_runtime
+
+    assert kcache.install(url=url, local_dir=str(tmp_path / "local"), mode="readonly", layers="dynamo")
+    return get_runtime()
+
+
+@pytest.fixture
+def precompile_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Dynamo's precompile cache switched on in this process; kcache uninstalled afterwards."""
+    import kcache
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    try:
+        with torch._dynamo.config.patch(caching_precompile=True):
+            yield
+    finally:
+        kcache.uninstall()
+
+
+def _f(x: Any) -> Any:
+    return x.sin() + 1
+
+
+@needs_packages
+def test_the_key_follows_what_the_package_depends_on(live_service, precompile_on: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``torch.compile`` asks DynamoCache for a package when it wraps a function (no compile
+    here): kcache asks the service (a miss) under a key made of what must match. The same
+    function and options ask one key; another mode, another model shape, another GPU do not."""
+    from kcache import dynamo_cache, fingerprint
+
+    rt = _install(live_service.url, tmp_path)
+    asked: list[str] = []
+
+    def spy(fn: Any) -> str:
+        asked.append(real(fn))
+        return asked[-1]
+
+    real = dynamo_cache.service_key
+    monkeypatch.setattr(dynamo_cache, "service_key", spy)
+
+    def key_asked(fn: Any, **options: Any) -> str:
+        del asked[:]
+        torch.compile(fn, **options)
+        assert len(asked) == 1, asked
+        return asked[0]
+
+    first = key_asked(_f)
+    assert first.startswith("pt2-precompile-v1:") and key_asked(_f) == first
+    assert key_asked(_f, mode="max-autotune-no-cudagraphs") != first
+    assert key_asked(torch.nn.Linear(4, 4)) != key_asked(torch.nn.Linear(4, 8))
+
+    monkeypatch.setenv("KCACHE_GPU_ARCH", "sm_90")
+    fingerprint.current.cache_clear()
+    try:
+        assert key_asked(_f) != first
+    finally:
+        monkeypatch.delenv("KCACHE_GPU_ARCH")
+        fingerprint.current.cache_clear()
+    # torch keeps one package per source id (qualname, line): a second key for one id in a
+    # process (another mode, shape or GPU) is ambiguous, and kcache stops serving that id.
+    stats = rt.stats.snapshot()["dynamo"]
+    assert stats["misses"] == 3 and stats["errors"] == 0, stats
+
+
+def test_an_unsupported_torch_degrades_with_one_warning(live_service, precompile_on: None, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Where torch cannot (2.9-2.12: see ``_torch_serves_packages``), the job runs as it would
+    without the dynamo layer, the other layers still serve, and kcache says so once."""
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="kcache"):
+        _install(live_service.url, tmp_path)
+        for _ in range(2):
+            torch.compile(_f)
+    warnings = [r.getMessage() for r in caplog.records if "layer dynamo not served" in r.getMessage()]
+    assert len(warnings) == (0 if _torch_serves_packages() else 1), warnings
