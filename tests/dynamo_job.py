@@ -4,12 +4,16 @@ interpreter in the user's default environment (own HOME and TMPDIR, no cache dir
 kcache activates from ``KCACHE_URL`` at interpreter start (``kcache_autoload.pth``); the job
 never calls ``torch.compiler.save_cache_artifacts()`` and exits right after its compile. It
 compiles an ``nn.Module`` with a graph break and runs one training step (forward, backward), then
-prints ``RESULT <json>``: the outputs and gradients, and torch's own cache counters.
+prints ``RESULT <json>``: the outputs and gradients, and torch's own cache counters. With
+``DYNAMO_JOB_FORWARD_ONLY=1`` it runs the forward alone: AOTAutograd saves a training graph only
+once its backward is compiled, so torch's package of that job lacks its graphs ("Backend not
+found") and marks their code bypassed.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 
@@ -40,14 +44,16 @@ model = Net()
 x = torch.randn(8, 16)
 t_call = time.perf_counter()
 out = torch.compile(model)(x)
-out.pow(2).sum().backward()
+forward_only = os.environ.get("DYNAMO_JOB_FORWARD_ONLY") == "1"
+if not forward_only:
+    out.pow(2).sum().backward()
 t_done = time.perf_counter()
 # Not asserted anywhere (timings belong in bench/), only shown when a test fails.
 print(f"TIMES import {T_IMPORTED - T0:.2f}s, first step {t_done - t_call:.2f}s", file=sys.stderr)
-assert model.up.weight.grad is not None
+assert forward_only or model.up.weight.grad is not None
 print("RESULT " + json.dumps({
     "out": [round(v, 5) for v in out.detach().flatten().tolist()],
-    "grad": round(float(model.up.weight.grad.norm()), 5),
+    "grad": None if forward_only else round(float(model.up.weight.grad.norm()), 5),
     "precompile": bool(torch._dynamo.config.caching_precompile),
     "dynamo_cache": dict(counters["dynamo_cache"]),
     "fx_graph": {k: v for k, v in counters["inductor"].items() if k.startswith("fxgraph_cache")},

@@ -87,11 +87,11 @@ def test_a_fresh_node_skips_dynamo_with_the_package_another_node_compiled(live_s
     assert not b["kcache_lines"], b["kcache_lines"]
 
 
-def _install(url: str, tmp_path: Path) -> Any:
+def _install(url: str, tmp_path: Path, mode: str = "readonly") -> Any:
     import kcache
     from kcache.current import get_runtime
 
-    assert kcache.install(url=url, local_dir=str(tmp_path / "local"), mode="readonly", layers="dynamo")
+    assert kcache.install(url=url, local_dir=str(tmp_path / "local"), mode=mode, layers="dynamo")
     return get_runtime()
 
 
@@ -110,6 +110,21 @@ def precompile_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[N
 
 def _f(x: Any) -> Any:
     return x.sin() + 1
+
+
+# At module level: torch refuses to package a class defined in a function ("defined in local
+# scope"). Of their own, because torch keeps one package per (qualname, line) in a process.
+class Head(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 4, bias=False)
+
+    def forward(self, x: Any) -> Any:
+        return self.proj(x)
+
+
+def _double(x: Any) -> Any:
+    return x * 2
 
 
 @needs_packages
@@ -164,3 +179,21 @@ def test_an_unsupported_torch_degrades_with_one_warning(live_service, precompile
             torch.compile(_f)
     warnings = [r.getMessage() for r in caplog.records if "layer dynamo not served" in r.getMessage()]
     assert len(warnings) == (0 if _torch_serves_packages() else 1), warnings
+
+
+@needs_packages
+def test_an_incomplete_package_is_neither_uploaded_nor_written_for_torch(live_service, precompile_on: None, tmp_path: Path) -> None:
+    """A forward alone, then the job ends: AOTAutograd saves a training graph only once its
+    backward compiles, so torch's package lacks it ("Backend not found") and marks that code
+    bypassed. kcache's save at exit neither uploads it nor leaves it in torch's dir: torch 2.11
+    fails to load such a package (``assert name not in scope`` in ``install_global``, seen on the
+    H100), where without one it compiles."""
+    from kcache import dynamo_cache
+
+    rt = _install(live_service.url, tmp_path, mode="readwrite")
+    torch.compile(_double)(torch.randn(4))  # complete: an inference graph, saved at once
+    torch.compile(Head())(torch.randn(2, 8))  # parameters need grad: a training graph, no backward
+    dynamo_cache.save_pending()  # what Runtime.close runs at exit
+    assert rt.uploader.flush(30)
+    assert rt.stats.snapshot()["dynamo"]["puts"] == 1  # _double's package only
+    assert len(list((tmp_path / "inductor" / "dynamo").glob("*/entry"))) == 1

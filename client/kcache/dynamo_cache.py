@@ -23,6 +23,10 @@ kcache serves that cache fleet-wide:
   ``backward()``, a graph break's resume functions and a recompile's guards come later, and the
   service's entries are write-once (the first upload of a key stands). A process killed without
   exit handlers uploads nothing of this layer.
+* **only complete packages**: a package with a code torch marked ``bypassed`` (a graph whose
+  AOTAutograd entry torch could not serialize: "Backend not found") is neither uploaded nor, when
+  kcache is the one saving, written: torch 2.11 traces such a code again on load and fails
+  (``assert name not in scope`` in ``install_global``), where without the package it compiles.
 
 **Keys.** torch's source id is ``sha256(qualname, first line)``: ``Net.forward`` at line 12 of
 two projects collide, and torch relies on its source checks at load time. The service key adds
@@ -73,6 +77,8 @@ _from_service: set[str] = set()  # source ids fetched from kcache: already store
 _handed_over: set[str] = set()  # source ids this process uploaded
 _compiling = threading.local()  # .backend: the torch.compile backend being wrapped right now
 _original_write: Callable[..., Any] | None = None  # torch's own store: fetched entries are not uploaded again
+_incomplete: set[str] = set()  # source ids whose last package torch wrote had a bypassed code
+_saving = threading.local()  # .active: kcache's save at exit is writing (incomplete ones are skipped)
 
 
 def install() -> None:
@@ -124,6 +130,9 @@ def _hook_package(module: types.ModuleType) -> None:
         _original_write = write
         patching.patch(PATCHES, cls, "load", _wrap_load(module, load))
         patching.patch(PATCHES, cls, "_write_to_local_cache", _wrap_write(write))
+        store = getattr(cls, "write", None)
+        if callable(store):
+            patching.patch(PATCHES, cls, "write", _wrap_store(store))
 
 
 def _hook_eval_frame(module: types.ModuleType) -> None:
@@ -173,6 +182,32 @@ def _wrap_write(original: Callable[..., Any]) -> Callable[..., Any]:
     return write
 
 
+def _wrap_store(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``write(cache_entry, path)``: note whether the package is complete before torch pickles it."""
+
+    @functools.wraps(original)
+    def write(self: Any, cache_entry: Any, path: str, *args: Any, **kwargs: Any) -> Any:
+        complete = True
+        with guard("dynamo store failed"):
+            complete = _complete(cache_entry)
+            with _lock:
+                if complete:
+                    _incomplete.discard(str(path))
+                else:
+                    _incomplete.add(str(path))
+        if not complete and getattr(_saving, "active", False):
+            return None  # kcache's own save: do not leave torch a package it cannot load
+        return original(self, cache_entry, path, *args, **kwargs)  # torch's, unguarded
+
+    return write
+
+
+def _complete(cache_entry: Any) -> bool:
+    """False if torch bypassed a code of the package (a backend it could not serialize)."""
+    codes = getattr(getattr(cache_entry, "dynamo", None), "codes", None)
+    return not any(getattr(code, "bypassed", False) for code in codes or ())
+
+
 # ---- lookup and store ----------------------------------------------------------------------------
 
 
@@ -208,8 +243,8 @@ def _upload(source_id: str, pickled: bytes) -> None:
         return
     with _lock:
         key = _service_keys.get(source_id)
-        if key is None or source_id in _from_service:
-            return  # a function whose lookup this process did not see, an ambiguous id, or the service's own entry
+        if key is None or source_id in _from_service or source_id in _incomplete:
+            return  # a lookup this process did not see, an ambiguous id, the service's own entry, or incomplete
         _handed_over.add(source_id)
     rt.put_entry(LAYER, key, bytes(pickled))
 
@@ -230,7 +265,11 @@ def save_pending() -> None:
     with _lock:
         pending = [s for s in entries if _service_keys.get(s) and s not in _from_service and s not in _handed_over]
     if pending:
-        save()
+        _saving.active = True
+        try:
+            save()
+        finally:
+            _saving.active = False
 
 
 # ---- the service key -----------------------------------------------------------------------------
