@@ -24,7 +24,7 @@ pytest_plugins = ["live"]
 
 from kcache.config import ClientConfig  # noqa: E402
 from kcache.http import KcacheClient  # noqa: E402
-from kcache.signing import MAGIC  # noqa: E402
+from kcache_schemas.signature import is_signed  # noqa: E402
 
 JOB = Path(__file__).with_name("dynamo_job.py")
 
@@ -73,7 +73,7 @@ def test_a_fresh_node_skips_dynamo_with_the_package_another_node_compiled(live_s
     keys = [e["key"] for e in view["entries"] if e["layer"] == "dynamo"]
     assert len(keys) == 1 and keys[0].startswith("pt2-precompile-v1:")
     stored, _ = client.get_entry("dynamo", keys[0])
-    assert stored.startswith(MAGIC)  # signed, like every entry of a fleet with a signing key
+    assert is_signed(stored)  # signed, like every entry of a fleet with a signing key
     assert str(tmp_path).encode() not in keys[0].encode()
 
     # Node B: new HOME and TMPDIR (another machine), same workload: the package arrives by the
