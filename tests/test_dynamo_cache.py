@@ -165,7 +165,7 @@ def test_the_key_follows_what_the_package_depends_on(live_service, precompile_on
     # torch keeps one package per source id (qualname, line): a second key for one id in a
     # process (another mode, shape or GPU) is ambiguous, and kcache stops serving that id.
     stats = rt.stats.snapshot()["dynamo"]
-    assert stats["misses"] == 3 and stats["errors"] == 0, stats
+    assert stats.misses == 3 and stats.errors == 0, stats
 
 
 def test_an_unsupported_torch_degrades_with_one_warning(live_service, precompile_on: None, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -195,5 +195,5 @@ def test_an_incomplete_package_is_neither_uploaded_nor_written_for_torch(live_se
     torch.compile(Head())(torch.randn(2, 8))  # parameters need grad: a training graph, no backward
     dynamo_cache.save_pending()  # what Runtime.close runs at exit
     assert rt.uploader.flush(30)
-    assert rt.stats.snapshot()["dynamo"]["puts"] == 1  # _double's package only
+    assert rt.stats.snapshot()["dynamo"].puts == 1  # _double's package only
     assert len(list((tmp_path / "inductor" / "dynamo").glob("*/entry"))) == 1
