@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import tarfile
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -15,14 +16,19 @@ from kcache_schemas import PackError, PackLimits, Producer, build_pack, pack_ker
 from kcache_schemas.errors import ErrorCode
 from kcache_schemas.pack import (
     MANIFEST_NAME,
+    _canonical_headers,
     manifest_for_files,
+    pack_work_bytes,
     read_kernel_dir,
+    read_pack_file,
     substitute_dir,
+    verify_pack,
 )
 
 pytest.register_assert_rewrite("api_helpers")
 
 from api_helpers import Kernel, forge_pack, manifest_dict, member, raw_pack  # noqa: E402
+from hostile_packs import noncanonical_variants, pax_overflow_pack, zero_filled_pack  # noqa: E402
 
 pytest_plugins = ["api_helpers"]
 
@@ -188,3 +194,143 @@ def test_read_kernel_dir_equals_triton_bundler_collect(
         assert read_kernel_dir(k.dir) == payloads
         manifest = manifest_for_files(k.key, payloads)
         assert build_pack(manifest, payloads) == k.pack
+
+
+# ---- the canonical form (issue #17): what build_pack writes is all the service stores ----------
+
+
+def _renamed(k: Kernel, name: str) -> dict[str, bytes]:
+    """The kernel's files as if Triton had named the kernel ``name`` (same key: the key is the
+    metadata's hash, not its name)."""
+    files: dict[str, bytes] = {}
+    for fname, data in k.files.items():
+        new = fname.replace(k.name, name)
+        if fname == f"{k.name}.json":
+            data = json.dumps(json.loads(data) | {"name": name}).encode()
+        elif fname == f"__grp__{k.name}.json":
+            group = json.loads(data)
+            group["child_paths"] = {c.replace(k.name, name): p.replace(k.name, name) for c, p in group["child_paths"].items()}
+            data = json.dumps(group).encode()
+        files[new] = data
+    return files
+
+
+@pytest.mark.parametrize("length", [1, 99, 100, 101, 150, 200])
+def test_canonical_headers_are_what_tarfile_writes(length: int) -> None:
+    """The reader compares header bytes with its own copy of tarfile's encoder (PAX "path" record
+    for names over 100 bytes). This Python's tarfile is what build_pack uses."""
+    name = ("k" * length)[:length]
+    for size in (0, 1, 511, 512, 10 << 20):
+        info = tarfile.TarInfo(name)
+        info.size, info.mode, info.mtime = size, 0o644, 0
+        assert info.tobuf(tarfile.PAX_FORMAT, tarfile.ENCODING, "surrogateescape") in _canonical_headers(name, size)
+
+
+@pytest.mark.parametrize("level", [1, 3, 19])
+def test_build_pack_writes_canonical_packs(kernel: Kernel, level: int) -> None:
+    pack = build_pack(kernel.manifest, kernel.files, level)
+    assert verify_pack(pack) == kernel.manifest
+    assert read_pack(pack) == (kernel.manifest, kernel.files)
+
+
+def test_long_file_names_take_pax_headers_and_stay_canonical(kernel: Kernel) -> None:
+    """Inductor's fused kernel names run past tar's 100-byte name field."""
+    files = _renamed(kernel, "triton_red_fused_" + "native_batch_norm_backward_" * 5)
+    assert max(map(len, files)) > 150
+    manifest = manifest_for_files(kernel.key, files)
+    pack = build_pack(manifest, files)
+    raw = zstandard.ZstdDecompressor().decompress(pack)
+    assert b" path=" in raw  # PAX records were written
+    assert verify_pack(pack) == manifest
+    assert read_pack(pack)[1] == files
+    longest = max(files, key=len)
+    assert read_pack_file(pack, longest) == (manifest, files[longest])
+
+
+def test_noncanonical_packs_are_refused_for_storing_and_still_read(kernel: Kernel) -> None:
+    """Older services stored such packs byte for byte: clients keep reading them (the lenient
+    reader), the service's upload check refuses them."""
+    for variant, pack in noncanonical_variants(kernel.pack).items():
+        with pytest.raises(PackError) as exc:
+            verify_pack(pack)
+        assert exc.value.code is ErrorCode.INVALID_PACK, variant
+        if variant == "garbage-after-frame":  # the old reader refused it too: not a zstd frame
+            with pytest.raises(PackError, match="not a zstd-compressed tar"):
+                read_pack(pack)
+        else:
+            assert read_pack(pack) == (kernel.manifest, kernel.files), variant
+            ptx = f"{kernel.name}.ptx"
+            assert read_pack_file(pack, ptx) == (kernel.manifest, kernel.files[ptx]), variant
+
+
+def test_pax_record_length_overflow_is_a_pack_error(kernel: Kernel) -> None:
+    """A 1000-digit PAX record length made tarfile raise OverflowError (a 500 upstream)."""
+    pack = pax_overflow_pack(kernel.manifest, kernel.files)
+    with pytest.raises(PackError, match="extended tar header"):
+        verify_pack(pack)
+    with pytest.raises(PackError, match="OverflowError"):
+        read_pack(pack)
+
+
+def test_deeply_nested_json_is_a_pack_error(kernel: Kernel) -> None:
+    """json.loads raises RecursionError on deep nesting, which is no JSONDecodeError."""
+    files = dict(kernel.files)
+    files[f"{kernel.name}.json"] = b"[" * 100_000
+    pack = forge_pack(manifest_dict(kernel, files), files)
+    for read in (verify_pack, read_pack):
+        with pytest.raises(PackError, match="not valid JSON"):
+            read(pack)
+
+
+def test_json_files_are_capped(kernel: Kernel) -> None:
+    with pytest.raises(PackError, match="bytes of JSON, limit") as exc:
+        read_pack(kernel.pack, PackLimits(max_json_bytes=100))
+    assert exc.value.code is ErrorCode.TOO_LARGE
+
+
+def test_verify_streams_a_big_pack_in_bounded_memory(kernel: Kernel) -> None:
+    """Past 8 MiB of tar the reader streams: each file is hashed as it decompresses and only the
+    .json files and the one file asked for are held (tracemalloc sees every bytes object)."""
+    cubin, ptx = f"{kernel.name}.cubin", f"{kernel.name}.ptx"
+    pack = zero_filled_pack(kernel.manifest, kernel.files, cubin, 40 << 20)
+    assert len(pack) < 100_000
+
+    def peak_mib(fn):  # type: ignore[no-untyped-def]
+        tracemalloc.start()
+        try:
+            result = fn()
+            return result, tracemalloc.get_traced_memory()[1] / (1 << 20)
+        finally:
+            tracemalloc.stop()
+
+    manifest, peak = peak_mib(lambda: verify_pack(pack))
+    assert manifest.total_size > 40 << 20 and peak < 6, peak
+    (_m, data), peak = peak_mib(lambda: read_pack_file(pack, ptx))  # stored after the .cubin
+    assert data == kernel.files[ptx] and peak < 6, peak
+    (_m, data), peak = peak_mib(lambda: read_pack_file(pack, cubin))
+    assert data == bytes(40 << 20) and peak < 48, peak  # the file itself, once
+    assert read_pack_file(pack, "no-such-file.ptx") == (manifest, None)
+    with pytest.raises(PackError, match="decompresses to more than the allowed") as exc:
+        verify_pack(pack, PackLimits(max_unpacked_bytes=32 << 20))  # from the frame header alone
+    assert exc.value.code is ErrorCode.TOO_LARGE
+
+
+def test_sentinel_across_a_chunk_boundary_is_found(kernel: Kernel) -> None:
+    """The streaming reader checks non-.json files for [REPLACE] in 1 MiB chunks, and across them."""
+    ptx = f"{kernel.name}.ptx"
+    files = dict(kernel.files)
+    files[ptx] = b"/" * ((1 << 20) - 4) + b"[REPLACE]" + b"/" * (9 << 20)
+    pack = forge_pack(manifest_dict(kernel, files), files)
+    assert zstandard.frame_content_size(pack) > 8 << 20  # the streaming path
+    with pytest.raises(PackError, match=r"\[REPLACE\] sentinel"):
+        verify_pack(pack)
+
+
+def test_pack_work_bytes(kernel: Kernel) -> None:
+    limits = PackLimits()
+    assert pack_work_bytes(kernel.pack, limits) == 2 * zstandard.frame_content_size(kernel.pack)
+    streamed = zero_filled_pack(kernel.manifest, kernel.files, f"{kernel.name}.cubin", 40 << 20)
+    window = zstandard.get_frame_parameters(streamed).window_size
+    assert pack_work_bytes(streamed, limits) == window + (2 << 20) + 2 * limits.max_json_bytes < 12 << 20
+    assert pack_work_bytes(streamed, PackLimits(max_unpacked_bytes=16 << 20)) == 0  # refused unopened
+    assert pack_work_bytes(b"not a pack") == 0

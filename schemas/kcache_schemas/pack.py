@@ -28,7 +28,7 @@ import tarfile
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 import zstandard
 from pydantic import ValidationError
@@ -54,11 +54,22 @@ _TAR_OVERHEAD_PER_MEMBER = 3 * 512
 
 @dataclass(frozen=True)
 class PackLimits:
-    """Caps that make a hostile pack cheap to refuse (bombs, huge manifests, file floods)."""
+    """Caps that make a hostile pack cheap to refuse (bombs, huge manifests, file floods).
+
+    ``max_unpacked_bytes`` caps the files' total size (the service's ``KCACHE_MAX_UNPACKED_BYTES``);
+    ``max_json_bytes`` caps each ``.json`` file, the only files a reader holds and parses while it
+    verifies (Triton's metadata and group files are a few KB).
+    """
 
     max_unpacked_bytes: int = 1 << 30
     max_manifest_bytes: int = 1 << 20
     max_files: int = 64
+    max_json_bytes: int = 1 << 20
+
+    @property
+    def max_tar_bytes(self) -> int:
+        """The most a pack within these limits decompresses to: files, manifest, tar headers."""
+        return self.max_unpacked_bytes + self.max_manifest_bytes + _TAR_OVERHEAD_PER_MEMBER * (self.max_files + 2)
 
 
 DEFAULT_LIMITS = PackLimits()
@@ -98,18 +109,24 @@ def check_kernel_files(manifest: KernelManifest, files: Mapping[str, bytes]) -> 
             raise PackError(f"{f.name}: size {len(data)} does not match manifest size {f.size}")
         if _sha256(data) != f.sha256:
             raise PackError(f"{f.name}: sha256 does not match the manifest")
-        if f.name.endswith(".json"):
-            try:
-                parsed[f.name] = json.loads(data)
-            except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-                raise PackError(f"{f.name}: not valid JSON ({exc})") from exc
-        elif _REPLACE in data:
-            raise PackError(f"{f.name}: the {REPLACE_SENTINEL} sentinel may appear only in .json files")
+        parsed[f.name] = _check_content(f.name, data, _REPLACE in data)
+    _check_kernel_dir(manifest, parsed[manifest.metadata_file], parsed[manifest.group_file])
 
-    def _json(name: str) -> object:
-        return parsed[name] if name in parsed else json.loads(files[name])
 
-    meta = _json(manifest.metadata_file)
+def _check_content(name: str, data: bytes, has_sentinel: bool) -> object:
+    """A .json file's parsed value (it must parse); other files must not carry the sentinel."""
+    if name.endswith(".json"):
+        try:
+            return json.loads(data)
+        except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError; deep nesting
+            raise PackError(f"{name}: not valid JSON ({str(exc)[:200]})") from None
+    if has_sentinel:
+        raise PackError(f"{name}: the {REPLACE_SENTINEL} sentinel may appear only in .json files")
+    return None
+
+
+def _check_kernel_dir(manifest: KernelManifest, meta: object, group: object) -> None:
+    """The metadata and group files (parsed) name this kernel and its files, path-free."""
     if not isinstance(meta, dict):
         raise PackError(f"{manifest.metadata_file}: not a JSON object")
     hex_hash = meta.get("hash")
@@ -129,7 +146,6 @@ def check_kernel_files(manifest: KernelManifest, files: Mapping[str, bytes]) -> 
     if _target_from_metadata(meta) != manifest.target:
         raise PackError("manifest target does not match the kernel metadata's target")
 
-    group = _json(manifest.group_file)
     children = group.get("child_paths") if isinstance(group, dict) else None
     if not isinstance(children, dict):
         raise PackError(f"{manifest.group_file}: no 'child_paths' object")
@@ -200,6 +216,418 @@ def _add_member(tf: tarfile.TarFile, name: str, data: bytes) -> None:
     tf.addfile(info, io.BytesIO(data))
 
 
+# ---- reading ---------------------------------------------------------------------------------
+#
+# The canonical form is what build_pack writes, and the only form the service stores:
+#
+# * exactly one zstd frame, declaring its content size, needing a window of at most
+#   CANONICAL_MAX_WINDOW (what zstd levels 1-19 use), with nothing before or after it: no second
+#   or skippable frame, no trailing bytes;
+# * whose content is exactly the tar build_pack writes for the pack's manifest: the manifest
+#   first, then the files in manifest order, each header byte for byte what tarfile writes for a
+#   regular file with mode 0644, mtime 0, uid/gid 0 and no owner names (a PAX header, carrying
+#   only "path", for names over 100 bytes), zero padding, and the end-of-archive blocks padded to
+#   a whole 10 KiB record. Nothing else.
+#
+# Only the manifest's JSON is not compared byte for byte (schema versions may spell it
+# differently); the schema judges it. The canonical reader compares bytes instead of parsing tar
+# headers (no tar parser ever sees a hostile header) and streams: each file is hashed as it
+# decompresses, and only .json files (KBs) are held, to be parsed.
+#
+# Packs that services stored before this form was enforced may differ in layout (a second frame,
+# data after the tar, other tar writers); readers still read them through the lenient reader
+# (tarfile in stream mode under the bomb guard, as before), but verify_pack, which the service
+# runs on every upload, refuses them.
+
+CANONICAL_MAX_WINDOW = 8 << 20
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+_BLOCK = 512
+_RECORD = 20 * _BLOCK  # tarfile pads a closed archive to whole records of this size
+_CHUNK = 1 << 20
+# A pack whose tar is at most this big (nearly every real one: ~100 KB) is decompressed in one
+# call; a bigger one streams _CHUNK at a time through a window of at most CANONICAL_MAX_WINDOW.
+_ONE_SHOT_BYTES = 8 << 20
+
+
+class _NotCanonical(PackError):
+    """The bytes are not laid out as build_pack lays them out. The content may still be valid:
+    readers fall back to the lenient reader, the service refuses the upload."""
+
+
+def verify_pack(data: bytes, limits: PackLimits = DEFAULT_LIMITS) -> KernelManifest:
+    """Check pack bytes for storing: canonical form and every check :func:`read_pack` makes.
+
+    Streams: whatever the pack unpacks to, it holds at most :func:`pack_work_bytes` beyond
+    ``data``. Every problem is a :class:`PackError` naming it; a layout problem says what
+    build_pack would have written instead.
+    """
+    return _read_canonical(data, limits)[0]
+
+
+def read_pack(
+    data: bytes, limits: PackLimits = DEFAULT_LIMITS
+) -> tuple[KernelManifest, dict[str, bytes]]:
+    """Parse and fully verify pack bytes; every problem is a :class:`PackError`.
+
+    Reads canonical packs and, through the lenient reader, packs that older services stored in
+    another layout.
+    """
+    try:
+        return _read_canonical(data, limits, keep_all=True)
+    except _NotCanonical:
+        pass  # another layout: the lenient reader judges it, as before canonical packs
+    manifest, files = _read_lenient(data, limits)
+    check_kernel_files(manifest, files)
+    return manifest, files
+
+
+def read_pack_file(
+    data: bytes, name: str, limits: PackLimits = DEFAULT_LIMITS
+) -> tuple[KernelManifest, bytes | None]:
+    """The pack's manifest and file ``name`` (None when the manifest has no such file), its size
+    and sha256 checked against the manifest. Files after it are not decompressed, files before
+    it are decompressed but not held.
+    """
+    try:
+        manifest, files = _read_canonical(data, limits, only=name)
+    except _NotCanonical:
+        manifest, files = _read_lenient(data, limits, only=name)
+        if name in files:
+            entry = next(f for f in manifest.files if f.name == name)
+            if len(files[name]) != entry.size or _sha256(files[name]) != entry.sha256:
+                raise PackError(f"{name}: size or sha256 does not match the manifest") from None
+    return manifest, files.get(name)
+
+
+def pack_work_bytes(data: bytes, limits: PackLimits = DEFAULT_LIMITS) -> int:
+    """About the most memory reading these pack bytes holds beyond the bytes themselves (for
+    admission control; at most 16 MiB): the tar when it is decompressed in one piece (and its
+    .json files, parsed), else the zstd window, two chunks and the two .json files kept for the
+    kernel-dir checks. A file that :func:`read_pack_file` returns is not included."""
+    try:
+        size = zstandard.frame_content_size(data)
+        window = zstandard.get_frame_parameters(data).window_size
+    except zstandard.ZstdError:
+        return 0  # refused before anything is decompressed
+    if size > limits.max_tar_bytes:
+        return 0  # likewise
+    if 0 <= size <= _ONE_SHOT_BYTES:
+        return int(size) * 2  # the tar, and at most as much again in the .json files kept
+    return int(window) + 2 * _CHUNK + 2 * limits.max_json_bytes
+
+
+# ---- the canonical reader -------------------------------------------------------------------
+
+
+class _MemoryTar:
+    """The tar decompressed in one piece."""
+
+    def __init__(self, raw: bytes) -> None:
+        self._raw, self.pos = raw, 0
+
+    def read(self, n: int) -> bytes:
+        end = self.pos + n
+        if end > len(self._raw):
+            raise _NotCanonical("pack is truncated: its tar ends early")
+        data, self.pos = self._raw[self.pos : end], end
+        return data
+
+    def chunks(self, n: int) -> Iterator[bytes]:
+        yield self.read(n)
+
+    def region(self, n: int) -> tuple[memoryview, bool]:
+        """The next ``n`` bytes without a copy, and whether [REPLACE] occurs in them."""
+        start, end = self.pos, self.pos + n
+        if end > len(self._raw):
+            raise _NotCanonical("pack is truncated: its tar ends early")
+        self.pos = end
+        return memoryview(self._raw)[start:end], self._raw.find(_REPLACE, start, end) >= 0
+
+    def at_end(self) -> bool:
+        return self.pos == len(self._raw)
+
+
+class _StreamTar:
+    """The tar decompressed as it is read, _CHUNK at a time."""
+
+    def __init__(self, data: bytes) -> None:
+        dctx = zstandard.ZstdDecompressor(max_window_size=CANONICAL_MAX_WINDOW)
+        self._reader = dctx.stream_reader(data, read_size=1 << 17)
+        self.pos = 0
+
+    def _read_up_to(self, n: int) -> bytes:
+        try:
+            out = self._reader.read(n)
+            while 0 < len(out) < n:
+                more = self._reader.read(n - len(out))
+                if not more:
+                    break
+                out += more
+        except zstandard.ZstdError as exc:
+            raise _NotCanonical(f"pack is truncated or corrupt (zstd: {exc})") from None
+        self.pos += len(out)
+        return bytes(out)
+
+    def read(self, n: int) -> bytes:
+        data = self._read_up_to(n)
+        if len(data) < n:
+            raise _NotCanonical("pack is truncated: its tar ends early")
+        return data
+
+    def chunks(self, n: int) -> Iterator[bytes]:
+        while n > 0:
+            step = min(n, _CHUNK)
+            yield self.read(step)
+            n -= step
+
+    def at_end(self) -> bool:
+        return self._read_up_to(1) == b""
+
+
+def _open_canonical(data: bytes, limits: PackLimits) -> _MemoryTar | _StreamTar:
+    """Check the zstd framing (before decompressing anything) and open the tar it holds."""
+    if data[:4] != _ZSTD_MAGIC:
+        if len(data) >= 8 and data[0] & 0xF0 == 0x50 and data[1:4] == b"\x2a\x4d\x18":
+            raise _NotCanonical("pack starts with a skippable zstd frame; a pack is one zstd frame")
+        raise _NotCanonical("pack is not zstd-compressed (no zstd magic number)")
+    try:
+        size = zstandard.frame_content_size(data)
+        params = zstandard.get_frame_parameters(data)
+    except zstandard.ZstdError as exc:
+        raise _NotCanonical(f"pack is truncated or corrupt: unreadable zstd frame header ({exc})") from None
+    if size < 0:
+        raise _NotCanonical("pack's zstd frame does not declare its content size (build_pack's does)")
+    if size > limits.max_tar_bytes:
+        raise PackError(
+            f"pack decompresses to more than the allowed size ({size} > {limits.max_tar_bytes} bytes)",
+            ErrorCode.TOO_LARGE,
+        )
+    if params.dict_id:
+        raise _NotCanonical("pack's zstd frame needs a dictionary; packs are compressed without one")
+    if params.window_size > CANONICAL_MAX_WINDOW:
+        raise _NotCanonical(
+            f"pack's zstd frame needs a {params.window_size >> 20} MiB window; packs use at most "
+            f"{CANONICAL_MAX_WINDOW >> 20} MiB (zstd levels 1-19)"
+        )
+    end = _zstd_frame_end(data, size)
+    if end > len(data):
+        raise _NotCanonical("pack is truncated: its zstd frame ends early")
+    if end < len(data):
+        raise _NotCanonical(
+            f"pack has {len(data) - end} bytes after its zstd frame (a second frame or trailing data)"
+        )
+    if size > _ONE_SHOT_BYTES:
+        return _StreamTar(data)
+    try:  # the declared size is checked by zstd and allocated once
+        return _MemoryTar(zstandard.ZstdDecompressor().decompress(data))
+    except zstandard.ZstdError as exc:
+        raise _NotCanonical(f"pack is truncated or corrupt (zstd: {exc})") from None
+
+
+def _zstd_frame_end(data: bytes, content_size: int) -> int:
+    """Where the zstd frame that starts ``data`` ends, from its block headers (RFC 8878 §3.1.1),
+    without decompressing. A compressor's blocks regenerate KBs each, so a frame of more blocks
+    than its content size allows is refused before the walk could cost much."""
+    fhd = data[4]
+    single_segment = fhd >> 5 & 1
+    pos = 5 + (0 if single_segment else 1) + (0, 1, 2, 4)[fhd & 3]
+    pos += (single_segment, 2, 4, 8)[fhd >> 6]
+    for _ in range(content_size // 256 + 16):
+        if pos + 3 > len(data):
+            return len(data) + 1
+        header = int.from_bytes(data[pos : pos + 3], "little")
+        block_type = header >> 1 & 3
+        if block_type == 3:
+            raise _NotCanonical("pack is corrupt: its zstd frame has a block of the reserved type")
+        pos += 3 + (1 if block_type == 1 else header >> 3)  # RLE blocks carry one byte
+        if header & 1:  # the last block
+            return pos + (4 if fhd & 4 else 0)  # content checksum
+    raise _NotCanonical("pack's zstd frame has more blocks than its content size allows")
+
+
+def _read_canonical(
+    data: bytes, limits: PackLimits, *, keep_all: bool = False, only: str | None = None
+) -> tuple[KernelManifest, dict[str, bytes]]:
+    """Walk a canonical pack, checking everything; return the files asked for: all of them
+    (read_pack), none (verify_pack), or ``only`` one, stopping after it (read_pack_file)."""
+    tar = _open_canonical(data, limits)
+    manifest = _canonical_manifest(tar, limits)
+    if only is not None and only not in {f.name for f in manifest.files}:
+        return manifest, {}
+    kept: dict[str, bytes] = {}
+    parsed: dict[str, object] = {}
+    for f in manifest.files:
+        _expect_header(tar, f.name, f.size)
+        if only is not None and f.name != only:
+            for _chunk in tar.chunks(f.size):
+                pass  # before the wanted file: decompressed, not held
+        else:
+            content, value = _verified_file(tar, f, keep_all or f.name == only)
+            if keep_all or f.name == only:
+                kept[f.name] = content
+            if f.name in (manifest.metadata_file, manifest.group_file):
+                parsed[f.name] = value
+        _expect_zeros(tar, -f.size % _BLOCK, f"the padding after {f.name}")
+        if f.name == only:
+            return manifest, kept
+    _check_kernel_dir(manifest, parsed[manifest.metadata_file], parsed[manifest.group_file])
+    _expect_end(tar)
+    return manifest, kept
+
+
+def _canonical_manifest(tar: _MemoryTar | _StreamTar, limits: PackLimits) -> KernelManifest:
+    header = tar.read(_BLOCK)
+    size_field = header[124:136]
+    size = int(size_field[:11], 8) if re.fullmatch(rb"[0-7]{11}\0", size_field) else -1
+    if size < 0 or header not in (_canonical_header(MANIFEST_NAME, size), _canonical_header(MANIFEST_NAME, size, _OLD_DEVICE_FIELD)):
+        raise _NotCanonical(_header_problem(header, MANIFEST_NAME, None))
+    if size > limits.max_manifest_bytes:
+        raise PackError("pack manifest is too large", ErrorCode.TOO_LARGE)
+    manifest = _parse_manifest(tar.read(size), limits)
+    _expect_zeros(tar, -size % _BLOCK, f"the padding after {MANIFEST_NAME}")
+    return manifest
+
+
+def _verified_file(tar: _MemoryTar | _StreamTar, f: PackFile, keep: bool) -> tuple[bytes, object]:
+    """The file's bytes (``b""`` unless kept or .json) and, for a .json file, its parsed value;
+    hashed as it decompresses."""
+    is_json = f.name.endswith(".json")
+    if isinstance(tar, _MemoryTar):  # one piece: no chunk bookkeeping, no copy unless kept
+        if keep or is_json:
+            content = tar.read(f.size)
+            view, sentinel = memoryview(content), not is_json and _REPLACE in content
+        else:
+            content = b""
+            view, sentinel = tar.region(f.size)
+        if hashlib.sha256(view).hexdigest() != f.sha256:
+            raise PackError(f"{f.name}: sha256 does not match the manifest")
+        return content, _check_content(f.name, content, sentinel)
+    digest = hashlib.sha256()
+    keep = keep or is_json
+    # BytesIO grows in place and hands its buffer over without a copy: a multi-chunk file is
+    # held once, where a joined list of chunks was held twice.
+    kept: bytes | io.BytesIO = b""
+    sentinel = False
+    tail = b""
+    for chunk in tar.chunks(f.size):
+        digest.update(chunk)
+        if keep:
+            if isinstance(kept, io.BytesIO):
+                kept.write(chunk)
+            elif kept:
+                kept = io.BytesIO(kept)
+                kept.seek(0, io.SEEK_END)
+                kept.write(chunk)
+            else:
+                kept = chunk
+        # across chunk boundaries too: the end of the last chunk with the start of this one
+        sentinel = sentinel or _REPLACE in chunk or _REPLACE in tail + chunk[: len(_REPLACE) - 1]
+        tail = chunk[-(len(_REPLACE) - 1) :]
+    if digest.hexdigest() != f.sha256:
+        raise PackError(f"{f.name}: sha256 does not match the manifest")
+    content = kept.getvalue() if isinstance(kept, io.BytesIO) else kept
+    return content, _check_content(f.name, content, sentinel)
+
+
+def _expect_header(tar: _MemoryTar | _StreamTar, name: str, size: int) -> None:
+    expected = _canonical_header(name, size)
+    got = tar.read(len(expected))
+    if got != expected and got != _canonical_header(name, size, _OLD_DEVICE_FIELD):
+        raise _NotCanonical(_header_problem(got, name, size))
+
+
+def _expect_zeros(tar: _MemoryTar | _StreamTar, n: int, what: str) -> None:
+    if n and tar.read(n).count(0) != n:
+        raise _NotCanonical(f"pack has data in {what} (tar padding is zeros)")
+
+
+def _expect_end(tar: _MemoryTar | _StreamTar) -> None:
+    """The end-of-archive blocks, padded to a whole record, then the end of the content."""
+    trailer = tar.read(2 * _BLOCK + -(tar.pos + 2 * _BLOCK) % _RECORD)
+    if trailer[:_BLOCK].count(0) != _BLOCK:
+        raise _NotCanonical(_header_problem(trailer, None, None))
+    if trailer.count(0) != len(trailer) or not tar.at_end():
+        raise _NotCanonical("pack has data after its tar's end-of-archive blocks")
+
+
+# The device-number fields of a regular file's header as tarfile writes them: NULs (Python
+# >= 3.9), or octal zeros (3.8, the spelling also accepted).
+_DEVICE_FIELD, _OLD_DEVICE_FIELD = bytes(8), b"0000000\0"
+
+
+def _canonical_header(name: str, size: int, dev: bytes = _DEVICE_FIELD) -> bytes:
+    """The header bytes build_pack writes for a member."""
+    raw = name.encode("ascii", "surrogateescape")
+    header = b""
+    if len(raw) > 100:  # tarfile's PAX_FORMAT: the full name in a "path" record
+        records = _pax_record(b"path", raw)
+        header = _ustar_block(b"././@PaxHeader", len(records), tarfile.XHDTYPE, 0, dev)
+        header += records + bytes(-len(records) % _BLOCK)
+    return header + _ustar_block(raw, size, tarfile.REGTYPE, 0o644, dev)
+
+
+def _canonical_headers(name: str, size: int) -> tuple[bytes, bytes]:
+    """Both spellings (for tests and messages)."""
+    return _canonical_header(name, size), _canonical_header(name, size, _OLD_DEVICE_FIELD)
+
+
+@functools.lru_cache(maxsize=8)
+def _ustar_tail(typeflag: bytes, dev: bytes) -> tuple[bytes, int]:
+    """Everything after the checksum field (typeflag, linkname, magic, owner names, device
+    numbers, prefix, padding) and its byte sum."""
+    tail = typeflag + bytes(100) + tarfile.POSIX_MAGIC + bytes(64) + dev * 2 + bytes(155 + 12)
+    return tail, sum(tail)
+
+
+def _ustar_block(name: bytes, size: int, typeflag: bytes, mode: int, dev: bytes) -> bytes:
+    """A ustar header block as tarfile's ``_create_header`` writes it (uid/gid/mtime 0): the
+    checksum counts its own field as eight spaces."""
+    head = name[:100].ljust(100, b"\0") + b"%07o\0" % mode + b"0000000\0" * 2 + b"%011o\0" % size + b"00000000000\0"
+    tail, tail_sum = _ustar_tail(typeflag, dev)
+    return head + b"%06o\0 " % (sum(head) + 8 * 32 + tail_sum) + tail
+
+
+def _pax_record(keyword: bytes, value: bytes) -> bytes:
+    """One PAX record, ``"<length> <keyword>=<value>\\n"``, whose length counts its own digits
+    (tarfile's ``_create_pax_generic_header`` loop)."""
+    body = len(keyword) + len(value) + 3  # " ", "=", "\n"
+    length = prev = 0
+    while True:
+        length = body + len(str(prev))
+        if length == prev:
+            break
+        prev = length
+    return b"%d %s=%s\n" % (length, keyword, value)
+
+
+def _header_problem(got: bytes, name: str | None, size: int | None) -> str:
+    """What is wrong with header bytes that are not the expected ones, in words."""
+    block = got[:_BLOCK]
+    if not any(block):
+        return f"pack is truncated: {name} is missing" if name else "pack is truncated"
+    found = block[:100].split(b"\0", 1)[0].decode("ascii", "replace")
+    typeflag = block[156:157]
+    if typeflag in _EXTENDED_TYPES and (name is None or len(name) <= 100):
+        return f"pack has an extended tar header (type {typeflag.decode('latin-1')!r}); packs have none"
+    if name == MANIFEST_NAME and (found != MANIFEST_NAME or typeflag not in (tarfile.REGTYPE, tarfile.AREGTYPE)):
+        return f"the first pack member must be the regular file {MANIFEST_NAME}"
+    if name is None:
+        return f"pack member {found[:120]!r} is not named by the manifest"
+    if typeflag not in (tarfile.REGTYPE, tarfile.AREGTYPE):
+        kind = {tarfile.SYMTYPE: "symlink", tarfile.LNKTYPE: "hard link", tarfile.GNUTYPE_SPARSE: "sparse"}.get(typeflag, "non-regular")
+        return f"pack member {found[:120]!r} is a {kind} entry; only files are allowed"
+    if found != name[:100]:
+        return f"pack member {found[:120]!r} is not {name!r} (manifest order)"
+    if size is not None and block[124:136] != b"%011o\0" % size:
+        return f"{name}: tar size {block[124:136].rstrip(bytes(1))!r} != manifest size {size}"
+    return (
+        f"the tar header of {name!r} is not the one build_pack writes (ustar/PAX, mode 0644, "
+        "mtime 0, uid/gid 0, no owner names)"
+    )
+
+
+# ---- the lenient reader: any tar layout of a valid pack ---------------------------------------
+
 # tarfile parses PAX records and reads GNU long names before a member reaches our checks, and
 # CPython < 3.11.10 / 3.12.6 parses PAX records in super-linear time (CVE-2024-6232): a few hundred
 # KB of digits in one header pins a CPU for minutes. build_pack writes at most one short "path"
@@ -238,129 +666,33 @@ class _CappedReader(io.RawIOBase):
         return len(data)
 
 
-def read_pack(
-    data: bytes, limits: PackLimits = DEFAULT_LIMITS
+def _read_lenient(
+    data: bytes, limits: PackLimits, only: str | None = None
 ) -> tuple[KernelManifest, dict[str, bytes]]:
-    """Parse and fully verify pack bytes; every problem is a :class:`PackError`."""
-    cap = limits.max_unpacked_bytes + limits.max_manifest_bytes
-    cap += _TAR_OVERHEAD_PER_MEMBER * (limits.max_files + 2)
-    members = _plain_tar_members(data, min(cap, _FAST_PATH_BYTES))
-    if members is not None:
-        # Fast path for the common case: one zstd frame of a small plain tar (what build_pack
-        # writes), decompressed and walked in memory. Same checks, same errors: _read_members
-        # does all the judging, exactly as on the streaming path.
-        manifest, files = _read_members(iter(members), _MemberBytes.read, limits)
-    else:
-        stream = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(data), read_across_frames=True)
-        reader = io.BufferedReader(_CappedReader(stream, cap), buffer_size=1 << 16)
-        try:
-            with tarfile.open(fileobj=reader, mode="r|", tarinfo=_GuardedTarInfo) as tf:
-                manifest, files = _read_members(iter(tf), functools.partial(_read_member, tf), limits)
-        except PackError:
-            raise
-        except (tarfile.TarError, zstandard.ZstdError, EOFError, OSError, IndexError) as exc:
-            raise PackError(f"pack is truncated or not a zstd-compressed tar: {exc}") from exc
-    check_kernel_files(manifest, files)
-    return manifest, files
-
-
-# Packs whose tar is at most this big are decompressed in one call and walked in memory; larger
-# ones (and anything unusual) stream through tarfile under the bomb guard.
-_FAST_PATH_BYTES = 32 << 20
-_ZERO_BLOCK = bytes(512)
-
-
-@dataclass(frozen=True)
-class _MemberBytes:
-    """A plain regular tar member found by :func:`_plain_tar_members` (quacks like TarInfo)."""
-
-    name: str
-    size: int
-    data: bytes
-
-    def isreg(self) -> bool:
-        return True
-
-    def issym(self) -> bool:
-        return False
-
-    def islnk(self) -> bool:
-        return False
-
-    def read(self) -> bytes:
-        return self.data
-
-
-# The numeric fields of a header as tarfile writes them for a regular file (octal digits,
-# NUL-terminated: mode, uid, gid, size, mtime, checksum "%06o\0 "), typeflag..gname skipped,
-# then devmajor/devminor (octal or all-NUL) and an empty ustar prefix. Matched from offset 100.
-_PLAIN_HEADER = re.compile(
-    rb"[0-7]{7}\0[0-7]{7}\0[0-7]{7}\0([0-7]{11})\0[0-7]{11}\0([0-7]{6})\0 .{173}"
-    rb"(?:[0-7]{7}\0|\0{8}){2}\0",
-    re.DOTALL,
-)
-
-
-def _plain_tar_members(data: bytes, budget: int) -> list[_MemberBytes] | None:
-    """The members of a pack that is one zstd frame of at most ``budget`` bytes holding a plain
-    tar (headers as tarfile writes them for regular files, valid checksums, no PAX/GNU
-    extensions, no ustar prefix), in order. None for anything else: the caller then takes the
-    streaming tarfile path, which judges (and words its errors about) every unusual or hostile
-    input, so this shortcut never changes what is accepted or how a refusal reads.
-    """
+    """Members as tarfile reads them, across zstd frames; the caller runs the file checks."""
+    stream = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(data), read_across_frames=True)
+    reader = io.BufferedReader(_CappedReader(stream, limits.max_tar_bytes), buffer_size=1 << 16)
     try:
-        declared = zstandard.frame_content_size(data)
-        if declared > budget:
-            return None
-        dctx = zstandard.ZstdDecompressor()
-        if declared < 0:  # not declared: cap the output
-            raw = dctx.decompress(data, max_output_size=budget, allow_extra_data=False)
-        else:  # declared, and zstd checks it against the real output
-            raw = dctx.decompress(data, allow_extra_data=False)
-    except zstandard.ZstdError:
-        return None
-    if not raw:
-        return None  # tarfile calls that an "empty file"
-    members: list[_MemberBytes] = []
-    off, end = 0, len(raw)
-    while off < end:  # ending exactly at a header boundary is tarfile's end of archive too
-        hdr = raw[off : off + 512]
-        if hdr == _ZERO_BLOCK:
-            break  # end-of-archive block: tarfile stops here and ignores the rest
-        m = _PLAIN_HEADER.match(hdr, 100) if len(hdr) == 512 else None
-        if m is None or hdr[156:157] not in (tarfile.REGTYPE, tarfile.AREGTYPE):
-            return None
-        if int(m[2], 8) != 256 + sum(hdr[:148]) + sum(hdr[156:]):
-            return None
-        size = int(m[1], 8)
-        name = hdr[:100].split(b"\0", 1)[0].decode(tarfile.ENCODING, "surrogateescape")
-        start = off + 512
-        off = start + -(-size // 512) * 512
-        if name.endswith("/") or off > end:
-            return None
-        members.append(_MemberBytes(name, size, raw[start : start + size]))
-    return members
+        with tarfile.open(fileobj=reader, mode="r|", tarinfo=_GuardedTarInfo) as tf:
+            return _read_members(iter(tf), functools.partial(_read_member, tf), limits, only)
+    except (PackError, MemoryError):
+        raise
+    except Exception as exc:
+        # Whatever tarfile or zstandard raise on these bytes (TarError, ZstdError, EOFError,
+        # and on hostile headers OverflowError, ValueError, UnicodeError...) is a bad pack.
+        raise PackError(f"pack is truncated or not a zstd-compressed tar: {type(exc).__name__}: {exc}") from exc
 
 
 def _read_members(
-    members: Iterator[Any], read: Callable[[Any], bytes], limits: PackLimits
+    members: Iterator[tarfile.TarInfo], read: Callable[[tarfile.TarInfo], bytes], limits: PackLimits,
+    only: str | None = None,
 ) -> tuple[KernelManifest, dict[str, bytes]]:
     first = next(members, None)
     if first is None or first.name != MANIFEST_NAME or not first.isreg():
         raise PackError(f"the first pack member must be the regular file {MANIFEST_NAME}")
     if first.size > limits.max_manifest_bytes:
         raise PackError("pack manifest is too large", ErrorCode.TOO_LARGE)
-    try:
-        manifest = KernelManifest.model_validate_json(read(first))
-    except ValidationError as exc:
-        raise PackError(f"invalid pack manifest: {_first_error(exc)}") from exc
-    if len(manifest.files) > limits.max_files:
-        raise PackError(f"pack has {len(manifest.files)} files, limit {limits.max_files}")
-    if manifest.total_size > limits.max_unpacked_bytes:
-        raise PackError(
-            f"pack unpacks to {manifest.total_size} bytes, limit {limits.max_unpacked_bytes}",
-            ErrorCode.TOO_LARGE,
-        )
+    manifest = _parse_manifest(read(first), limits)
     files: dict[str, bytes] = {}
     for expected in manifest.files:
         member = next(members, None)
@@ -373,14 +705,19 @@ def _read_members(
             raise PackError(f"pack member {member.name[:120]!r} is not {expected.name!r} (manifest order)")
         if member.size != expected.size:
             raise PackError(f"{member.name}: tar size {member.size} != manifest size {expected.size}")
-        files[member.name] = read(member)
+        if only is None or member.name == only:
+            files[member.name] = read(member)
+            if member.name == only:
+                return manifest, files
+    if only is not None:
+        return manifest, files
     extra = next(members, None)
     if extra is not None:
         raise PackError(f"pack member {extra.name[:120]!r} is not named by the manifest")
     return manifest, files
 
 
-def _read_member(tf: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:  # streaming path
+def _read_member(tf: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:
     fh = tf.extractfile(member)
     if fh is None:
         raise PackError(f"pack member {member.name!r} has no data")
@@ -388,6 +725,29 @@ def _read_member(tf: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:  # stre
     if len(data) != member.size:
         raise PackError(f"pack is truncated inside {member.name!r}")
     return data
+
+
+# ---- shared by both readers -------------------------------------------------------------------
+
+
+def _parse_manifest(data: bytes, limits: PackLimits) -> KernelManifest:
+    try:
+        manifest = KernelManifest.model_validate_json(data)
+    except ValidationError as exc:
+        raise PackError(f"invalid pack manifest: {_first_error(exc)}") from exc
+    if len(manifest.files) > limits.max_files:
+        raise PackError(f"pack has {len(manifest.files)} files, limit {limits.max_files}")
+    if manifest.total_size > limits.max_unpacked_bytes:
+        raise PackError(
+            f"pack unpacks to {manifest.total_size} bytes, limit {limits.max_unpacked_bytes}",
+            ErrorCode.TOO_LARGE,
+        )
+    for f in manifest.files:
+        if f.name.endswith(".json") and f.size > limits.max_json_bytes:
+            raise PackError(
+                f"{f.name}: {f.size} bytes of JSON, limit {limits.max_json_bytes}", ErrorCode.TOO_LARGE
+            )
+    return manifest
 
 
 def _first_error(exc: ValidationError) -> str:
