@@ -14,7 +14,7 @@ import time
 import httpx
 import pytest
 import zstandard
-from kcache_schemas import read_pack
+from kcache_schemas import PackError, read_pack
 from kcache_schemas.pack import MANIFEST_NAME, MEDIA_TYPE
 
 pytest.register_assert_rewrite("api_helpers")
@@ -30,8 +30,31 @@ from api_helpers import (  # noqa: E402
     member,
     raw_pack,
 )
+from hostile_packs import (  # noqa: E402
+    noncanonical_variants,
+    pax_overflow_pack,
+    store_as_older_service,
+    zero_filled_pack,
+)
 
 pytest_plugins = ["api_helpers"]
+
+# What the refusal of each non-canonical variant (hostile_packs.noncanonical_variants) names.
+NONCANONICAL: dict[str, tuple[str, ...]] = {
+    "second-zstd-frame": ("after its zstd frame",),
+    "skippable-frame": ("after its zstd frame",),
+    "garbage-after-frame": ("after its zstd frame",),
+    "corrupt-second-frame": ("after its zstd frame",),
+    "data-after-tar-end": ("after its tar's end-of-archive",),
+    "member-after-tar-end": ("after its tar's end-of-archive",),
+    "two-frames-split-tar": ("after its zstd frame",),
+    "tar-without-record-padding": ("truncated",),
+    "gnu-format-headers": ("tar header", "build_pack"),
+    "nonzero-mtime": ("tar header", "mtime 0"),
+    "uname-set": ("tar header", "no owner names"),
+    "pax-comment": ("extended tar header",),
+    "padding-not-zero": ("padding",),
+}
 
 
 def _put(client: httpx.Client, ns: str, key: str, body: bytes) -> httpx.Response:
@@ -292,7 +315,12 @@ def test_decompression_bomb(limited_client: httpx.Client, ns: str, kernel: Kerne
 
 
 def test_truncated_sparse_chain_is_a_400_not_a_500(client: httpx.Client, ns: str, kernel: Kernel) -> None:
-    _refused(client, ns, kernel, _sparse_pack(kernel, 3, terminated=False), 400, "invalid_pack", "truncated")
+    """The service refuses any sparse member (packs hold plain files); a reader of packs that older
+    services stored (tarfile's path) reports the truncated chain."""
+    pack = _sparse_pack(kernel, 3, terminated=False)
+    _refused(client, ns, kernel, pack, 400, "invalid_pack", "sparse", "only files")
+    with pytest.raises(PackError, match="truncated"):
+        read_pack(pack)
 
 
 @pytest.mark.parametrize("where", ["pax", "global-pax", "gnu-longname"])
@@ -384,3 +412,44 @@ def test_entry_too_large(tmp_path, ns: str) -> None:  # type: ignore[no-untyped-
         assert_error(c.put(url, content=b"x" * 1001), 413, "too_large", "1000")
         assert c.head(url).status_code == 404
         assert c.put(url, content=b"x" * 1000).status_code == 201
+
+
+# ---- issue #17: malformed tar headers, non-canonical packs, deep JSON -------------------------------
+
+
+def test_pax_record_length_overflow_is_a_400_and_keeps_the_connection(client: httpx.Client, ns: str, kernel: Kernel) -> None:
+    """A 1000-digit PAX record length made tarfile raise OverflowError: a 500 with two tracebacks,
+    and the keep-alive connection dropped. The service no longer lets tarfile see it."""
+    _refused(client, ns, kernel, pax_overflow_pack(kernel.manifest, kernel.files), 400, "invalid_pack", "extended tar header")
+    assert _put(client, ns, kernel.key, kernel.pack).status_code == 201  # same client, same connection
+
+
+@pytest.mark.parametrize("variant", sorted(NONCANONICAL))
+def test_noncanonical_pack_is_refused(client: httpx.Client, ns: str, kernel: Kernel, variant: str) -> None:
+    """Valid kernel files with bytes around them that build_pack never writes (a second zstd frame
+    of 1 MiB came back intact on GET before): refused, nothing stored."""
+    pack = noncanonical_variants(kernel.pack)[variant]
+    _refused(client, ns, kernel, pack, 400, "invalid_pack", *NONCANONICAL[variant])
+
+
+def test_deeply_nested_json_is_a_400(client: httpx.Client, ns: str, kernel: Kernel) -> None:
+    files = dict(kernel.files)
+    files[f"__grp__{kernel.name}.json"] = b"[" * 100_000
+    _refused(client, ns, kernel, forge_pack(manifest_dict(kernel, files), files), 400, "invalid_pack", "not valid JSON")
+
+
+def test_file_view_of_a_pack_over_the_cap_is_a_413(tmp_path, ns: str, kernel: Kernel) -> None:  # type: ignore[no-untyped-def]
+    """An older service stored a pack whose .cubin unpacks to more than the cap (the issue's was
+    900 MiB); each file view decompressed all of it. Now it is refused unopened (and a PUT of it
+    is a 413 too: tests/test_hostile_memory.py measures the server's memory on the real input)."""
+    from api_helpers import inproc_client, make_settings
+
+    cubin = f"{kernel.name}.cubin"
+    pack = zero_filled_pack(kernel.manifest, kernel.files, cubin, 96 << 20)  # the cap is 64 MiB
+    with inproc_client(make_settings(tmp_path / "data")) as c:
+        _refused(c, ns, kernel, pack, 413, "too_large", "decompresses to more than")
+        store_as_older_service(tmp_path / "data", ns, kernel.key, pack)
+        for name in (cubin, f"{kernel.name}.ptx"):
+            assert_error(c.get(f"/v1/{ns}/kernels/{kernel.key}/files/{name}"), 413, "too_large")
+        assert c.get(f"/v1/{ns}/kernels/{kernel.key}").content == pack  # still served as stored
+        assert_error(c.get(f"/v1/{ns}/kernels/{kernel.key}/files/nope.ptx"), 404, "not_found", "nope.ptx")

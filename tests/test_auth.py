@@ -69,6 +69,9 @@ def test_no_token_is_401(auth_client: httpx.Client, kernel: Kernel) -> None:
     assert_error(auth_client.get("/v1/default/kernels"), 401, "unauthorized")
     assert_error(auth_client.put("/v1/default/entries/fx-graph/k1", content=b"x"), 401, "unauthorized")
     assert_error(auth_client.get(url, headers={"Authorization": f"Basic {WRITE_TOKEN}"}), 401, "unauthorized")
+    # RFC 9110 §11.6.1: a 401 names the scheme it wants
+    assert auth_client.get(url).headers["www-authenticate"] == 'Bearer realm="kcache"'
+    assert auth_client.head(url).headers["www-authenticate"] == 'Bearer realm="kcache"'
     # Liveness and readiness stay open for load balancers and probes.
     assert auth_client.get("/healthz").status_code == 200
     assert auth_client.get("/readyz").status_code == 200
@@ -78,7 +81,9 @@ def test_no_token_is_401(auth_client: httpx.Client, kernel: Kernel) -> None:
 
 def test_wrong_token_is_401(auth_client: httpx.Client, kernel: Kernel) -> None:
     for wrong in ("x" * 32, WRITE_TOKEN + "x", WRITE_TOKEN[:-1], WRITE_TOKEN.upper()):
-        assert_error(_put(auth_client, "default", kernel, wrong), 401, "unauthorized", "unknown bearer token")
+        resp = _put(auth_client, "default", kernel, wrong)
+        assert_error(resp, 401, "unauthorized", "unknown bearer token")
+        assert resp.headers["www-authenticate"].startswith("Bearer ")
     assert auth_client.head(f"/v1/default/kernels/{kernel.key}", headers=_bearer(READ_TOKEN)).status_code == 404
 
 

@@ -27,6 +27,8 @@ class ErrorCode(str, Enum):
     # An entry upload to a namespace with registered producer keys that none of them signed.
     UNTRUSTED_SIGNATURE = "untrusted_signature"
     BACKEND_UNAVAILABLE = "backend_unavailable"
+    OVERLOADED = "overloaded"  # the replica's memory budget is spent: retry after Retry-After
+    REQUEST_TIMEOUT = "request_timeout"  # the request body did not arrive in time
     INTERNAL = "internal"
 
 
@@ -44,6 +46,8 @@ STATUS: dict[ErrorCode, int] = {
     ErrorCode.FORBIDDEN: 403,
     ErrorCode.UNTRUSTED_SIGNATURE: 403,
     ErrorCode.BACKEND_UNAVAILABLE: 503,
+    ErrorCode.OVERLOADED: 503,
+    ErrorCode.REQUEST_TIMEOUT: 408,
     ErrorCode.INTERNAL: 500,
 }
 

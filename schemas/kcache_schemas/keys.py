@@ -21,6 +21,16 @@ _WORKLOAD_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 # A run id (e.g. a CI job id) may carry ':' and '+' (``gh:1234+retry``), never a path separator.
 _RUN_ID_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:+-]{0,127}$")
 
+# Every rule below matches the whole string (``fullmatch``: ``$`` alone lets a trailing newline
+# through). The same rules as ECMA-262 patterns, for documents (OpenAPI path parameters); the
+# kernel key's last character is 'A' or 'Q' (see normalize_kernel_key).
+KERNEL_KEY_PATTERN = r"^(?:[A-Z2-7]{51}[AQ]|[0-9a-fA-F]{64})$"
+NAMESPACE_PATTERN = _NAMESPACE_RE.pattern
+LAYER_PATTERN = _LAYER_RE.pattern
+ENTRY_KEY_PATTERN = _ENTRY_KEY_RE.pattern
+WORKLOAD_NAME_PATTERN = _WORKLOAD_RE.pattern
+RUN_ID_PATTERN = _RUN_ID_RE.pattern
+
 
 class InvalidKeyError(ValueError):
     """An identifier (kernel key, namespace, layer, entry key, workload name, run id) is malformed."""
@@ -33,7 +43,7 @@ def hex_to_kernel_key(hex_hash: str) -> str:
 
 def normalize_kernel_key(raw: str) -> str:
     """Return the canonical 52-char base32 key for a Triton cache-dir name or its 64-hex hash."""
-    if _KERNEL_KEY_RE.match(raw):
+    if _KERNEL_KEY_RE.fullmatch(raw):
         # base32 of 32 bytes leaves 4 unused low bits in the last char: reject non-canonical
         # spellings so one kernel never has two keys. Those bits are zero only for 'A' (0) and
         # 'Q' (16), which is what a decode/encode round trip checks, ~50x cheaper (a
@@ -41,7 +51,7 @@ def normalize_kernel_key(raw: str) -> str:
         if raw[-1] not in "AQ":
             raise InvalidKeyError(f"kernel key {raw!r} is not a canonical base32 sha256")
         return raw
-    if _HEX_KEY_RE.match(raw):
+    if _HEX_KEY_RE.fullmatch(raw):
         return hex_to_kernel_key(raw.lower())
     raise InvalidKeyError(
         f"kernel key {raw[:80]!r} is neither a 52-char Triton cache-dir name ([A-Z2-7]) "
@@ -50,7 +60,7 @@ def normalize_kernel_key(raw: str) -> str:
 
 
 def validate_namespace(raw: str) -> str:
-    if not _NAMESPACE_RE.match(raw):
+    if not _NAMESPACE_RE.fullmatch(raw):
         raise InvalidKeyError(
             f"namespace {raw[:80]!r} must be 1-63 chars of [a-z0-9._-] starting with a letter or digit"
         )
@@ -58,13 +68,13 @@ def validate_namespace(raw: str) -> str:
 
 
 def validate_layer(raw: str) -> str:
-    if not _LAYER_RE.match(raw):
+    if not _LAYER_RE.fullmatch(raw):
         raise InvalidKeyError(f"layer {raw[:80]!r} must be 1-32 chars of [a-z0-9-]")
     return raw
 
 
 def normalize_entry_key(raw: str) -> str:
-    if not _ENTRY_KEY_RE.match(raw):
+    if not _ENTRY_KEY_RE.fullmatch(raw):
         raise InvalidKeyError(
             f"entry key {raw[:80]!r} must be 1-512 chars of [A-Za-z0-9_.:=+-] "
             "and must not start with a punctuation character"
@@ -73,12 +83,12 @@ def normalize_entry_key(raw: str) -> str:
 
 
 def validate_workload_name(raw: str) -> str:
-    if not _WORKLOAD_RE.match(raw):
+    if not _WORKLOAD_RE.fullmatch(raw):
         raise InvalidKeyError(f"workload name {raw[:80]!r} must be 1-128 chars of [A-Za-z0-9_.-]")
     return raw
 
 
 def validate_run_id(raw: str) -> str:
-    if not _RUN_ID_RE.match(raw):
+    if not _RUN_ID_RE.fullmatch(raw):
         raise InvalidKeyError(f"run id {raw[:80]!r} must be 1-128 chars of [A-Za-z0-9_.:+-]")
     return raw

@@ -28,10 +28,12 @@ REPLACE_SENTINEL = "[REPLACE]"
 # and the only double-underscore name allowed is Triton's group file.
 _FILENAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]{0,199}$")
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+# validate_filename as one ECMA-262 pattern (for documents): "__" only as __grp__<name>.json.
+FILENAME_PATTERN = r"^(?!__(?!grp__.*\.json$))[A-Za-z0-9_][A-Za-z0-9_.+-]{0,199}$"
 
 
 def validate_filename(name: str) -> str:
-    if not _FILENAME_RE.match(name):
+    if not _FILENAME_RE.fullmatch(name):
         raise ValueError(
             f"file name {name[:80]!r} is not allowed: use [A-Za-z0-9_.+-], no '/', no leading '.'"
         )
@@ -41,7 +43,7 @@ def validate_filename(name: str) -> str:
 
 
 def _sha256_hex(value: str) -> str:
-    if not _SHA256_RE.match(value):
+    if not _SHA256_RE.fullmatch(value):
         raise ValueError("sha256 must be 64 lowercase hex chars")
     return value
 

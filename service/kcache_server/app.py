@@ -9,8 +9,10 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from kcache_schemas import PackLimits
 
-from kcache_server import __version__
+from kcache_server import __version__, openapi
 from kcache_server.auth import Authenticator
+from kcache_server.bodies import BodyDeadline
+from kcache_server.budget import MemoryBudget
 from kcache_server.handlers import install_error_handlers
 from kcache_server.metrics import instrument
 from kcache_server.routes import entries, health, kernels, runs, ui, workloads
@@ -30,6 +32,7 @@ def build_store(settings: Settings) -> CacheStore:
         open_index(settings.resolved_index_url, **index_opts),
         PackLimits(max_unpacked_bytes=settings.max_unpacked_bytes),
         access_flush_s=settings.access_flush_s,
+        budget=MemoryBudget(settings.memory_budget_bytes),
     )
 
 
@@ -65,5 +68,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(workloads.router)
     app.include_router(runs.router)
     app.include_router(ui.router)
-    instrument(app)  # /metrics, request metrics middleware, backend error counts
+    app.add_middleware(BodyDeadline, idle_s=settings.body_idle_timeout_s, total_s=settings.body_timeout_s)
+    instrument(app)  # /metrics, request metrics middleware (outside BodyDeadline), backend error counts
+    openapi.install(app)  # error responses and path rules in /openapi.json
     return app

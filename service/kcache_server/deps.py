@@ -7,6 +7,7 @@ most of the cost of a kernel GET (they never block, so the event loop is the rig
 
 from __future__ import annotations
 
+import io
 from typing import Annotated
 
 from fastapi import Depends, Header, Path, Request
@@ -18,6 +19,7 @@ from kcache_schemas import (
 )
 
 from kcache_server.auth import Authenticator, Principal
+from kcache_server.budget import Hold
 from kcache_server.errors import TooLarge
 from kcache_server.settings import Settings
 from kcache_server.store import CacheStore
@@ -75,16 +77,28 @@ CanWrite = Annotated[Principal, Depends(_scope_checker("write"))]
 CanAdmin = Annotated[Principal, Depends(_scope_checker("admin"))]
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """Read the request body, refusing (413) past ``limit`` bytes without buffering the excess."""
+async def read_body(request: Request, limit: int, share: Hold) -> bytes:
+    """Read the request body, refusing (413) past ``limit`` bytes without buffering the excess.
+
+    The bytes are taken from the replica's memory budget (``share``) before they are held:
+    all at once when ``Content-Length`` declares them, else as they arrive. Deadlines for the
+    body are :mod:`kcache_server.bodies`'s.
+    """
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise TooLarge(f"body of {declared} bytes exceeds the limit of {limit}")
-    chunks: list[bytes] = []
-    total = 0
+    taken = 0
+    if declared is not None and declared.isdigit():
+        if int(declared) > limit:
+            raise TooLarge(f"body of {declared} bytes exceeds the limit of {limit}")
+        taken = int(declared)
+        share.take(taken, "a request body")
+    # BytesIO hands its buffer over without a copy (getvalue on an unshared buffer): a joined
+    # list of chunks held the body twice at the end.
+    buf = io.BytesIO()
     async for chunk in request.stream():
-        total += len(chunk)
-        if total > limit:
+        if buf.tell() + len(chunk) > limit:
             raise TooLarge(f"body exceeds the limit of {limit} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
+        if buf.tell() + len(chunk) > taken:
+            share.take(buf.tell() + len(chunk) - taken, "a request body")
+            taken = buf.tell() + len(chunk)
+        buf.write(chunk)
+    return buf.getvalue()

@@ -13,9 +13,11 @@ from kcache_schemas import ErrorCode
 
 
 class ServiceError(Exception):
-    """A request the service refuses; ``code`` decides the status (``kcache_schemas.errors.STATUS``)."""
+    """A request the service refuses; ``code`` decides the status (``kcache_schemas.errors.STATUS``),
+    ``headers`` go with the answer (what HTTP asks of that status)."""
 
     code: ErrorCode = ErrorCode.INVALID_REQUEST
+    headers: dict[str, str] | None = None
 
     def __init__(self, message: str, detail: Any = None) -> None:
         super().__init__(message)
@@ -53,6 +55,8 @@ class TooLarge(ServiceError):
 
 class Unauthorized(ServiceError):
     code = ErrorCode.UNAUTHORIZED
+    # RFC 9110 §11.6.1: a 401 names the scheme that would be accepted (RFC 6750 for bearer tokens).
+    headers = {"WWW-Authenticate": 'Bearer realm="kcache"'}
 
 
 class Forbidden(ServiceError):
@@ -63,3 +67,17 @@ class UntrustedSignature(ServiceError):
     """An entry upload that no producer key registered for its namespace signed."""
 
     code = ErrorCode.UNTRUSTED_SIGNATURE
+
+
+class Overloaded(ServiceError):
+    """The replica's memory budget cannot take this request now (:mod:`kcache_server.budget`)."""
+
+    code = ErrorCode.OVERLOADED
+    headers = {"Retry-After": "1"}
+
+
+class BodyTimeout(ServiceError):
+    """The request body did not arrive in time (:mod:`kcache_server.bodies`)."""
+
+    code = ErrorCode.REQUEST_TIMEOUT
+    headers = {"Connection": "close"}  # the rest of the body may still be on its way

@@ -7,20 +7,23 @@ the status ``kcache_schemas.errors.STATUS`` gives its code; no stack traces.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from kcache_schemas import ErrorBody, ErrorCode, InvalidKeyError, PackError
 from kcache_schemas.errors import STATUS
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from kcache_server.errors import InvalidBody, ServiceError
 from kcache_server.storage import BackendUnavailable
 
 log = logging.getLogger("kcache_server")
 VALIDATION_STATUS = 422
+CLIENT_CLOSED = 499  # nginx's "client closed request": counted apart from errors of ours
 
 
 def error_response(code: ErrorCode, message: str, detail: Any = None, *, status: int | None = None,
@@ -32,7 +35,13 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ServiceError)
     async def _service(_: Request, exc: ServiceError) -> JSONResponse:
         status = VALIDATION_STATUS if isinstance(exc, InvalidBody) else None
-        return error_response(exc.code, exc.message, exc.detail, status=status)
+        return error_response(exc.code, exc.message, exc.detail, status=status, headers=exc.headers)
+
+    @app.exception_handler(ClientDisconnect)
+    async def _gone(_: Request, exc: ClientDisconnect) -> Response:
+        # The client closed the connection before its body was complete (logged by
+        # kcache_server.bodies): not an error of ours, and nobody reads this answer.
+        return Response(status_code=CLIENT_CLOSED)
 
     @app.exception_handler(PackError)
     async def _pack(_: Request, exc: PackError) -> JSONResponse:
@@ -55,11 +64,38 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_response(ErrorCode.INVALID_REQUEST, msg, errors, status=VALIDATION_STATUS)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = ErrorCode.NOT_FOUND if exc.status_code == 404 else ErrorCode.INVALID_REQUEST
-        return error_response(code, str(exc.detail), status=exc.status_code, headers=getattr(exc, "headers", None))
+        headers = dict(getattr(exc, "headers", None) or {})
+        if exc.status_code == 405:
+            # Starlette names the methods of the first route that matched the path; a path has
+            # one route per method here, and RFC 9110 §15.5.6 asks for all of them.
+            headers["Allow"] = ", ".join(allowed_methods(request.app, request.scope))
+        return error_response(code, str(exc.detail), status=exc.status_code, headers=headers or None)
 
     @app.exception_handler(Exception)
     async def _internal(_: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error")
         return error_response(ErrorCode.INTERNAL, "internal error; see server log")
+
+
+def allowed_methods(app: FastAPI, scope: Any) -> list[str]:
+    """Every method some route serves at the request's path (HEAD where GET is)."""
+    path = scope.get("path", "")
+    methods: set[str] = set()
+    for route in _flat_routes(app.router.routes):
+        if route.path_regex.match(path):
+            methods |= set(route.methods)
+    if "GET" in methods:
+        methods.add("HEAD")
+    return sorted(methods)
+
+
+def _flat_routes(routes: Any) -> Iterator[Any]:
+    """Routes with a path and methods. Newer FastAPI (0.165 here) keeps an included router's
+    routes inside a wrapper (``original_router``; the service includes its routers unprefixed)."""
+    for route in routes:
+        if getattr(route, "path_regex", None) is not None and getattr(route, "methods", None):
+            yield route
+        else:
+            yield from _flat_routes(getattr(getattr(route, "original_router", None), "routes", ()))

@@ -3,6 +3,8 @@
 * ``kcache_http_requests_total{route,method,status}`` and
   ``kcache_http_request_duration_seconds{route,method}``: by route *template*
   (``/v1/{namespace}/kernels/{key}``), so label sets stay bounded whatever clients ask for.
+  ``status="499"``: the client closed the connection before its request body was complete
+  (:mod:`kcache_server.bodies`); not an error of the service, and never a ``5xx``.
 * ``kcache_lookups_total{layer,result}``: cache lookups, ``result`` ``hit`` or ``miss``. A kernel
   ``GET``/``HEAD`` that finds the pack is a hit, a 404 a miss; each key of a ``kernels:batch-get``
   counts once (found or missing, as the route counted them: ``record_batch_lookups``); entry

@@ -72,9 +72,19 @@ class Settings(BaseSettings):
     # (kcache_server.signatures); a JSON object {namespace or "*": [public key, ...]}.
     producer_keys_file: Path | None = None
     producer_keys: str | None = Field(default=None, description="JSON object: namespace -> public keys")
-    max_pack_bytes: int = 256 << 20
-    max_unpacked_bytes: int = 1 << 30
+    max_pack_bytes: int = 64 << 20
+    # What a kernel pack may unpack to: the decompression cap. The largest real kernel dirs are a
+    # few MB (a max-autotune GPT-2 has 200 of 0.7 MB on average), so 64 MiB leaves ample room.
+    max_unpacked_bytes: int = 64 << 20
     max_entry_bytes: int = 256 << 20
+    # Bytes one replica (worker process) lets heavy requests hold at once: bodies being received,
+    # packs being verified or opened (kcache_server.budget). Beyond it: 503 + Retry-After. 0: no
+    # cap. 4 workers x (256 MiB + ~85 MiB idle) fit the Helm chart's default 2 GiB limit.
+    memory_budget_bytes: int = 256 << 20
+    # A request body must keep arriving (at most this long between parts) and be complete this
+    # long after the request started; otherwise 408 (kcache_server.bodies).
+    body_idle_timeout_s: float = 15.0
+    body_timeout_s: float = 120.0
     backend_timeout_s: float = 5.0
     presigned_downloads: bool = False
     presign_expires_s: int = 300

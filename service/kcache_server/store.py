@@ -34,8 +34,9 @@ from kcache_schemas import (
     Producer,
     normalize_kernel_key,
 )
-from kcache_schemas.pack import read_pack
+from kcache_schemas.pack import pack_work_bytes, read_pack_file, verify_pack
 
+from kcache_server.budget import Hold, MemoryBudget
 from kcache_server.errors import Conflict, KeyMismatch, NotFound
 from kcache_server.kinds import KERNEL, collapse_usage, entry_kind
 from kcache_server.storage import BackendUnavailable, BlobNotFound, BlobStore, Index, IndexRecord
@@ -118,8 +119,15 @@ class AccessRecorder:
 
 
 class CacheStore:
-    def __init__(self, blobs: BlobStore, index: Index, limits: PackLimits, access_flush_s: float = 2.0) -> None:
+    """``limits`` bound what a pack may unpack to; ``budget`` is the replica's memory budget,
+    from which pack verification and file views take their working memory (unlimited if None)."""
+
+    def __init__(
+        self, blobs: BlobStore, index: Index, limits: PackLimits, access_flush_s: float = 2.0,
+        budget: MemoryBudget | None = None,
+    ) -> None:
         self.blobs, self.index, self.limits = blobs, index, limits
+        self.budget = budget or MemoryBudget(0)
         self.access = AccessRecorder(index, access_flush_s)
 
     def close(self) -> None:
@@ -168,8 +176,13 @@ class CacheStore:
 
     # ---- kernels ------------------------------------------------------------------------
 
-    def put_kernel(self, namespace: str, key: str, pack: bytes) -> tuple[KernelEntry, bool]:
-        manifest, _files = read_pack(pack, self.limits)
+    def put_kernel(self, namespace: str, key: str, pack: bytes, share: Hold | None = None) -> tuple[KernelEntry, bool]:
+        """Store a pack that is canonical (``verify_pack``: the bytes are what build_pack writes)
+        and whose files verify; memory stays bounded whatever it unpacks to. The working memory
+        is taken from the budget, in ``share`` when the request holds one (its body's)."""
+        with self.budget.hold(share) as share:
+            share.take(pack_work_bytes(pack, self.limits), "verifying a kernel pack")
+            manifest = verify_pack(pack, self.limits)
         if manifest.key != key:
             raise KeyMismatch(f"pack is for kernel {manifest.key}, not {key}")
         entry = _kernel_entry(namespace, manifest, len(pack))
@@ -201,11 +214,23 @@ class CacheStore:
         return KernelEntry.model_validate_json(record.meta), data
 
     def kernel_file(self, namespace: str, key: str, filename: str) -> bytes:
-        _entry, pack = self.kernel_pack(namespace, key)
-        _manifest, files = read_pack(pack, self.limits)
-        if filename not in files:
+        """One file of a stored pack, checked against the pack's manifest. Only that file is
+        held; the pack is decompressed up to its end. A pack stored by an older service that
+        unpacks to more than ``limits`` allow is refused (TOO_LARGE), not opened."""
+        record = self._kernel_record(namespace, key)
+        entry = KernelEntry.model_validate_json(record.meta)
+        wanted = next((f for f in entry.files if f.name == filename), None)
+        if wanted is None:
             raise NotFound(f"file {filename} of kernel {key}")
-        return files[filename]
+        with self.budget.hold() as share:
+            share.take(record.size + min(wanted.size, self.limits.max_unpacked_bytes), "a kernel file view")
+            pack = self._read_blob(record)
+            self.access.record(namespace, KERNEL, [key])
+            share.take(pack_work_bytes(pack, self.limits), "a kernel file view")
+            _manifest, data = read_pack_file(pack, filename, self.limits)
+        if data is None:
+            raise NotFound(f"file {filename} of kernel {key}")
+        return data
 
     def kernel_download_url(self, namespace: str, key: str, expires_s: int) -> str | None:
         """A presigned URL of the kernel's pack where the blob store makes them (S3), else None."""

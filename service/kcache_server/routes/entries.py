@@ -23,6 +23,7 @@ from kcache_server.deps import (
     StoreDep,
     read_body,
 )
+from kcache_server.responses import bytes_response
 from kcache_server.signatures import admit_entry, registered_keys, supersedes
 
 router = APIRouter(tags=["entries"])
@@ -42,15 +43,16 @@ async def put_entry(
     x_kcache_compile_time: Annotated[float | None, Header(ge=0)] = None,
     x_kcache_producer: Annotated[str | None, Header(max_length=256)] = None,
 ) -> EntryInfo:
-    body = await read_body(request, settings.max_entry_bytes)
     producer = Producer(compile_time_s=x_kcache_compile_time, kcache_version=x_kcache_producer)
     keys = registered_keys(settings.registered_keys, namespace)
+    with store.budget.hold() as share:
+        body = await read_body(request, settings.max_entry_bytes, share)
 
-    def put() -> tuple[EntryInfo, bool]:  # hashing and checking a signature: off the event loop
-        signature = admit_entry(keys, layer, key, body)
-        return store.put_entry(namespace, layer, key, body, producer, signature, supersedes(keys))
+        def put() -> tuple[EntryInfo, bool]:  # hashing and checking a signature: off the event loop
+            signature = admit_entry(keys, layer, key, body)
+            return store.put_entry(namespace, layer, key, body, producer, signature, supersedes(keys))
 
-    info, created = await run_in_threadpool(put)
+        info, created = await run_in_threadpool(put)
     response.status_code = 201 if created else 200
     return info
 
@@ -58,13 +60,14 @@ async def put_entry(
 @router.get(wire.ENTRY, summary="Fetch an entry's bytes", response_class=Response)
 def get_entry(namespace: Namespace, layer: Layer, key: EntryKey, store: StoreDep, _: CanRead) -> Response:
     info, data = store.entry_bytes(namespace, layer, key)
-    return Response(data, media_type="application/octet-stream", headers=_headers(info))
+    return bytes_response(data, "application/octet-stream", _headers(info))
 
 
 @router.head(wire.ENTRY, summary="Whether an entry exists")
 def head_entry(namespace: Namespace, layer: Layer, key: EntryKey, store: StoreDep, _: CanRead) -> Response:
     info = store.entry_info(namespace, layer, key)
-    return Response(status_code=200, headers=_headers(info) | {"Content-Length": str(info.size)})
+    headers = _headers(info) | {"Content-Length": str(info.size)}
+    return Response(status_code=200, media_type="application/octet-stream", headers=headers)
 
 
 @router.get(wire.ENTRY_INFO, response_model=EntryInfo, summary="An entry's metadata, with its signer and provenance if signed")

@@ -32,6 +32,7 @@ from kcache_server.deps import (
     read_body,
 )
 from kcache_server.metrics import record_batch_lookups
+from kcache_server.responses import bytes_response
 
 router = APIRouter(tags=["kernels"])
 
@@ -55,8 +56,9 @@ async def put_kernel(
 ) -> KernelEntry:
     """Verifies every file's size and sha256 and that the pack is for ``key``. Write-once:
     re-uploading identical content answers 200, different content 409."""
-    body = await read_body(request, settings.max_pack_bytes)
-    entry, created = await run_in_threadpool(store.put_kernel, namespace, key, body)
+    with store.budget.hold() as share:
+        body = await read_body(request, settings.max_pack_bytes, share)
+        entry, created = await run_in_threadpool(store.put_kernel, namespace, key, body, share)
     response.status_code = 201 if created else 200
     return entry
 
@@ -69,7 +71,7 @@ def get_kernel(namespace: Namespace, key: KernelKey, store: StoreDep, settings: 
         if url is not None:
             return RedirectResponse(url, status_code=307)
     entry, data = store.kernel_pack(namespace, key)
-    return Response(data, media_type=MEDIA_TYPE, headers=_entry_headers(entry))
+    return bytes_response(data, MEDIA_TYPE, _entry_headers(entry))
 
 
 @router.head(wire.KERNEL, summary="Whether a kernel exists, and its pack size")
@@ -93,7 +95,7 @@ def get_file(namespace: Namespace, key: KernelKey, filename: str, store: StoreDe
     data = store.kernel_file(namespace, key, filename)
     text = filename.endswith(_TEXT_SUFFIXES)
     media = "application/json" if filename.endswith(".json") else "text/plain; charset=utf-8" if text else "application/octet-stream"
-    return Response(data, media_type=media, headers={"Content-Disposition": f'inline; filename="{filename}"'})
+    return bytes_response(data, media, {"Content-Disposition": f'inline; filename="{filename}"'})
 
 
 @router.delete(wire.KERNEL, status_code=204, summary="Remove a kernel (admin)")

@@ -30,7 +30,8 @@ RunId = Annotated[str, Depends(_run_id)]
 
 @router.post(wire.RUN_STATS, status_code=201, summary="Report one process's cache statistics for a run")
 async def post_run_stats(request: Request, response: Response, namespace: Namespace, run_id: RunId, store: StoreDep, _: CanWrite) -> dict[str, Any]:
-    body = await read_body(request, _MAX_REPORT_BYTES)
+    with store.budget.hold() as share:
+        body = await read_body(request, _MAX_REPORT_BYTES, share)
     try:
         report = RunStatsReport.model_validate_json(body)
     except ValidationError as exc:
