@@ -268,15 +268,15 @@ def test_dashboard_in_chromium(tmp_path: Path, real_kernel_dirs: list[Path]) -> 
                 # ci-1 ran mid-upgrade: one rank on each torch, each with its own hit rate.
                 assert rows.nth(2).locator("td").nth(2).inner_text() == "torch 2.15.0, triton 3.9.0; torch 2.13.0, triton 3.9.0"
                 rows.nth(2).click()
-                page.wait_for_selector("#run-environments")
                 envs = page.locator("#run-environments tbody tr")
-                assert envs.count() == 2
+                expect(envs).to_have_count(2)
                 assert envs.nth(0).inner_text().split("\t") == ["torch 2.15.0, triton 3.9.0", "1", "2", "7", "0", "22.2%"]
                 assert envs.nth(1).inner_text().split("\t") == ["torch 2.13.0, triton 3.9.0", "1", "3", "6", "0", "33.3%"]
                 rows.nth(1).click()
-                page.wait_for_selector("#run-layers")
-                assert "ServiceUnavailable \u00d72" in page.locator("#run-layers").inner_text()
-                assert page.locator("#run-layers tbody tr").count() == 2
+                # The detail of the run clicked before is on the page until this one's arrives:
+                # wait for this run's content, not for the table.
+                expect(page.locator("#run-layers")).to_contain_text("ServiceUnavailable \u00d72")
+                expect(page.locator("#run-layers tbody tr")).to_have_count(2)
                 # Storage usage and top kernels.
                 usage = page.locator("#usage-table").inner_text()
                 assert "kernel" in usage and "run" in usage
