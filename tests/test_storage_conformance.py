@@ -237,3 +237,86 @@ def test_index_usage_follows_upserts_and_deletes(index: Index) -> None:
     index.delete("v", "kernel", "B")
     index.delete("v", "kernel", "C")
     assert "kernel" not in index.usage().get("v", {})
+
+
+# ---- retention: eviction, blob references, deletion markers, leases -----------------------------
+
+
+def test_blob_scan_lists_every_blob(blob_store: BlobStore) -> None:
+    t0 = time.time()
+    blobs = {_digest(d): d for d in (b"first blob", b"second blob" * 100)}
+    for d, data in blobs.items():
+        blob_store.put(d, data)
+    found = {b.digest: b for b in blob_store.scan()}
+    assert set(found) == set(blobs)
+    for d, data in blobs.items():
+        assert found[d].size == len(data)
+        assert t0 - 60 < found[d].modified < time.time() + 60  # the store's clock, not ours
+    gone = next(iter(blobs))
+    blob_store.delete(gone)
+    assert {b.digest for b in blob_store.scan()} == set(blobs) - {gone}
+
+
+def test_index_delete_unused_spares_what_was_used_or_replaced(index: Index) -> None:
+    for key, size in (("OLD", 10), ("READ", 20), ("REPLACED", 30)):
+        index.put_if_absent(_rec(key, ns="ev", size=size, digest="1" * 64))
+    seen = {r.key: r for r in index.list("ev", "kernel")}
+    index.touch("ev", "kernel", ["READ"], seen["READ"].last_used + 5)  # a hit flushed after the GC read it
+    index.delete("ev", "kernel", "REPLACED")
+    index.put_if_absent(_rec("REPLACED", ns="ev", size=30, digest="2" * 64))  # re-uploaded meanwhile
+    assert index.delete_unused([seen["OLD"], seen["READ"], seen["REPLACED"]]) == [True, False, False]
+    assert index.get("ev", "kernel", "OLD") is None
+    assert index.get("ev", "kernel", "READ") is not None and index.get("ev", "kernel", "REPLACED") is not None
+    assert index.usage()["ev"]["kernel"] == KindUsage(2, 50)
+    assert index.delete_unused([seen["OLD"]]) == [False]  # already gone
+    assert [r.key for r in index.list("ev", "kernel")] == ["READ", "REPLACED"]
+
+
+def test_index_blob_refs_guard_deletion(index: Index) -> None:
+    d = "c" * 64
+    t1 = index.claim_blob(d, "ref-a")
+    t2 = index.claim_blob(d, "ref-b")
+    assert t1 and t2 and t1 != t2
+    assert index.blob_refs([d, "e" * 64]) == {d: {"ref-a": t1, "ref-b": t2}}
+    assert not index.begin_blob_delete(d, "gc-1", 30)  # referenced
+    assert not index.release_blob(d, "ref-a", t2)  # another claim's token: kept
+    assert index.release_blob(d, "ref-a", t1)
+    t3 = index.claim_blob(d, "ref-b")  # the same ref claimed again (a re-upload): newest token wins
+    assert t3 and not index.release_blob(d, "ref-b", t2 or "")
+    assert index.release_blob(d, "ref-b", t3)
+    assert index.blob_refs([d]) == {}
+    assert index.begin_blob_delete(d, "gc-1", 30)
+    assert not index.begin_blob_delete(d, "gc-2", 30)  # one deletion at a time
+    assert index.claim_blob(d, "ref-c") is None  # a writer waits while the blob is being deleted
+    index.end_blob_delete(d, "gc-2")  # not ours: no effect
+    assert index.claim_blob(d, "ref-c") is None
+    index.end_blob_delete(d, "gc-1")
+    assert index.claim_blob(d, "ref-c") is not None
+    d2 = "f" * 64
+    assert index.begin_blob_delete(d2, "gc-3", 0.2)  # a GC that died: its marker expires
+    time.sleep(0.4)
+    assert index.claim_blob(d2, "ref-d") is not None
+
+
+def test_index_backfill_blob_refs_keeps_live_claims(index: Index) -> None:
+    d = "d" * 64
+    token = index.claim_blob(d, "live")
+    assert not index.blob_refs_complete()
+    assert index.backfill_blob_refs([(d, "live"), (d, "old"), ("9" * 64, "old")]) == 2
+    assert index.blob_refs([d])[d]["live"] == token
+    assert set(index.blob_refs([d])[d]) == {"live", "old"}
+    index.set_blob_refs_complete()
+    assert index.blob_refs_complete()
+
+
+def test_index_lease_one_holder_at_a_time(index: Index) -> None:
+    assert index.acquire_lease("gc", "replica-a", 30)
+    assert not index.acquire_lease("gc", "replica-b", 30)
+    assert index.acquire_lease("gc", "replica-a", 30)  # renewal
+    assert index.acquire_lease("other", "replica-b", 30)  # leases are by name
+    index.release_lease("gc", "replica-b")  # not the holder: no effect
+    assert not index.acquire_lease("gc", "replica-b", 30)
+    index.release_lease("gc", "replica-a")
+    assert index.acquire_lease("gc", "replica-b", 0.2)
+    time.sleep(0.4)  # the holder died without releasing: the lease expires
+    assert index.acquire_lease("gc", "replica-a", 30)

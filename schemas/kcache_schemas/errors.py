@@ -22,6 +22,7 @@ class ErrorCode(str, Enum):
     CONFLICT = "conflict"
     NOT_FOUND = "not_found"
     TOO_LARGE = "too_large"
+    INSUFFICIENT_STORAGE = "insufficient_storage"
     UNAUTHORIZED = "unauthorized"
     FORBIDDEN = "forbidden"
     # An entry upload to a namespace with registered producer keys that none of them signed.
@@ -42,6 +43,9 @@ STATUS: dict[ErrorCode, int] = {
     ErrorCode.CONFLICT: 409,
     ErrorCode.NOT_FOUND: 404,
     ErrorCode.TOO_LARGE: 413,
+    # The namespace is at its hard storage limit (bazel-remote's answer): the upload is refused,
+    # nothing stored is touched, and the service's GC is already making room.
+    ErrorCode.INSUFFICIENT_STORAGE: 507,
     ErrorCode.UNAUTHORIZED: 401,
     ErrorCode.FORBIDDEN: 403,
     ErrorCode.UNTRUSTED_SIGNATURE: 403,

@@ -29,6 +29,9 @@ RUN = f"{RUNS}/{{run_id}}"
 RUN_STATS = f"{RUN}/stats"
 STATS_USAGE = f"{API}/{{namespace}}/stats/usage"
 STATS_TOP = f"{API}/{{namespace}}/stats/top"
+GC = f"{API}/{{namespace}}/gc"  # GET: budget, usage, last run; POST: run a GC (admin)
+PINS = f"{API}/{{namespace}}/pins"
+PIN = f"{PINS}/{{name}}"  # a pinned workload: its kernels and entries are never evicted
 
 
 def path(template: str, **params: str) -> str:

@@ -13,9 +13,10 @@ from kcache_server import __version__, openapi
 from kcache_server.auth import Authenticator
 from kcache_server.bodies import BodyDeadline
 from kcache_server.budget import MemoryBudget
+from kcache_server.gc import Collector, GcScheduler
 from kcache_server.handlers import install_error_handlers
 from kcache_server.metrics import instrument
-from kcache_server.routes import entries, health, kernels, runs, ui, workloads
+from kcache_server.routes import entries, health, kernels, retention, runs, ui, workloads
 from kcache_server.settings import Settings
 from kcache_server.storage import open_blob_store, open_index
 from kcache_server.store import CacheStore
@@ -33,6 +34,7 @@ def build_store(settings: Settings) -> CacheStore:
         PackLimits(max_unpacked_bytes=settings.max_unpacked_bytes),
         access_flush_s=settings.access_flush_s,
         budget=MemoryBudget(settings.memory_budget_bytes),
+        retention=settings.retention_config,
     )
 
 
@@ -43,6 +45,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         store = build_store(settings)
         app.state.store = store
+        collector = Collector(store)
+        collector.observers.append(app.state.metrics.record_gc)
+        app.state.gc = collector
+        # The background GC runs where retention rules exist; every replica and worker runs
+        # one, and the index lease lets one work at a time.
+        scheduler = GcScheduler(collector).start() if settings.retention_config.active else None
+        if scheduler is not None:
+            store.on_pressure = scheduler.wake
         log.info(
             "kcache %s serving blobs=%s index=%s auth=%s",
             __version__, settings.resolved_blob_url, settings.resolved_index_url,
@@ -51,6 +61,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         try:
             yield
         finally:
+            if scheduler is not None:
+                scheduler.close()
             store.close()
 
     app = FastAPI(
@@ -67,6 +79,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(entries.router)
     app.include_router(workloads.router)
     app.include_router(runs.router)
+    app.include_router(retention.router)
     app.include_router(ui.router)
     app.add_middleware(BodyDeadline, idle_s=settings.body_idle_timeout_s, total_s=settings.body_timeout_s)
     instrument(app)  # /metrics, request metrics middleware (outside BodyDeadline), backend error counts

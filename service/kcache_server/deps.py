@@ -21,12 +21,17 @@ from kcache_schemas import (
 from kcache_server.auth import Authenticator, Principal
 from kcache_server.budget import Hold
 from kcache_server.errors import TooLarge
+from kcache_server.gc import Collector
 from kcache_server.settings import Settings
 from kcache_server.store import CacheStore
 
 
 async def get_store(request: Request) -> CacheStore:
     return request.app.state.store  # type: ignore[no-any-return]
+
+
+async def get_collector(request: Request) -> Collector:
+    return request.app.state.gc  # type: ignore[no-any-return]
 
 
 async def get_settings(request: Request) -> Settings:
@@ -54,6 +59,7 @@ async def _entry_key(key: str) -> str:
 
 
 StoreDep = Annotated[CacheStore, Depends(get_store)]
+CollectorDep = Annotated[Collector, Depends(get_collector)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 Namespace = Annotated[str, Depends(_namespace)]
 KernelKey = Annotated[str, Depends(_kernel_key)]

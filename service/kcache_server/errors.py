@@ -53,6 +53,18 @@ class TooLarge(ServiceError):
     code = ErrorCode.TOO_LARGE
 
 
+class InsufficientStorage(ServiceError):
+    """The namespace is at its hard storage limit (507)."""
+
+    code = ErrorCode.INSUFFICIENT_STORAGE
+
+
+class GcBusy(ServiceError):
+    """Another GC holds the lease (on this or another replica)."""
+
+    code = ErrorCode.CONFLICT
+
+
 class Unauthorized(ServiceError):
     code = ErrorCode.UNAUTHORIZED
     # RFC 9110 §11.6.1: a 401 names the scheme that would be accepted (RFC 6750 for bearer tokens).

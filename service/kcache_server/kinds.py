@@ -1,6 +1,10 @@
 """The kinds of index record, spelled once: what the store, the domain modules and the metrics
 agree on. A record's kind is ``kernel``, ``entry/<layer>``, ``workload/<name>`` (one record per
-published run), ``run/<run id>`` (one per process report) or ``run`` (one marker per run)."""
+published run), ``run/<run id>`` (one per process report), ``run`` (one marker per run), ``pin``
+(one per pinned workload) or ``gc`` (the namespace's last GC report).
+
+Kernels and entries are the *cache*: they hold blobs, count against a namespace's storage
+budget and are what the GC evicts."""
 
 from __future__ import annotations
 
@@ -11,10 +15,24 @@ from kcache_server.storage.base import KindUsage
 KERNEL = wire.CacheLayer.KERNEL.value
 RUN = "run"
 WORKLOAD = "workload"
+PIN = "pin"
+GC = "gc"
+ENTRY_PREFIX = "entry/"
 
 
 def entry_kind(layer: str) -> str:
-    return f"entry/{layer}"
+    return f"{ENTRY_PREFIX}{layer}"
+
+
+def is_cache_kind(kind: str) -> bool:
+    """Kernels and entries: what budgets count and the GC evicts."""
+    return kind == KERNEL or kind.startswith(ENTRY_PREFIX)
+
+
+def workload_name(kind: str) -> str | None:
+    """The workload a ``workload/<name>`` kind belongs to, else None."""
+    head, _, name = kind.partition("/")
+    return name if head == WORKLOAD and name else None
 
 
 def run_kind(run_id: str) -> str:

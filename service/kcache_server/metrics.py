@@ -17,6 +17,12 @@
   (:func:`kcache_server.kinds.family`).
 * ``kcache_backend_errors_total{backend}``: every ``BackendUnavailable`` that reached the API's
   error handler (answered 503), or a failed usage scrape.
+* Retention: ``kcache_storage_budget_bytes{namespace,limit}`` (``soft``/``hard``, for namespaces
+  that have one) and ``kcache_storage_oldest_item_age_seconds{namespace}`` (the least recently
+  used item the namespace's last GC left) at scrape time, with the usage;
+  ``kcache_gc_runs_total{trigger}``, ``kcache_gc_duration_seconds`` and
+  ``kcache_gc_evicted_{bytes,entries}_total{namespace,reason}`` from the GC runs of this process
+  (reason ``env``, ``ttl``, ``budget``; ``orphan`` with namespace ``*``).
 
 The middleware is plain ASGI (no ``BaseHTTPMiddleware``), so streamed responses stay streamed.
 """
@@ -33,6 +39,7 @@ from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request, Response
 from kcache_schemas import wire
+from kcache_schemas.retention import REASON_ORPHAN, GcReport
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -60,6 +67,7 @@ KNOWN_LAYERS = frozenset(layer.value for layer in wire.CacheLayer)
 KERNEL_LAYER = wire.CacheLayer.KERNEL.value
 UNMATCHED = "unmatched"
 _BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+_GC_BUCKETS = (0.01, 0.1, 0.5, 1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0)
 
 
 def layer_label(layer: str) -> str:
@@ -69,51 +77,83 @@ def layer_label(layer: str) -> str:
 class StorageCollector(Collector):
     """Entries and bytes per namespace and kind, read from the index at scrape time (cached)."""
 
-    def __init__(self, metrics: Metrics, store_getter: Callable[[], Any], ttl_s: float) -> None:
+    def __init__(self, metrics: Metrics, store_getter: Callable[[], Any], ttl_s: float,
+                 collector_getter: Callable[[], Any] = lambda: None) -> None:
         self._metrics, self._store_getter, self.ttl_s = metrics, store_getter, ttl_s
+        self._collector_getter = collector_getter
         self._lock = threading.Lock()
         self._cached: tuple[float, dict[str, dict[str, KindUsage]]] | None = None
+        self._oldest: dict[str, float] = {}
 
     def usage(self) -> dict[str, dict[str, KindUsage]] | None:
+        return self._read()[0]
+
+    def _read(self) -> tuple[dict[str, dict[str, KindUsage]] | None, dict[str, float]]:
+        """Usage, and each namespace's oldest item's last use (from its last GC report)."""
         with self._lock:
             now = time.monotonic()
             if self._cached is not None and now - self._cached[0] < self.ttl_s:
-                return self._cached[1]
+                return self._cached[1], self._oldest
             store = self._store_getter()
             if store is None:
-                return None
+                return None, {}
             try:
                 usage: dict[str, dict[str, KindUsage]] = store.usage()
+                collector = self._collector_getter()
+                oldest: dict[str, float] = {}
+                for ns in usage if collector is not None else ():
+                    last = collector.last_report(ns)
+                    if last is not None and last.oldest_used is not None:
+                        oldest[ns] = last.oldest_used
             except BackendUnavailable as exc:
                 self._metrics.backend_errors.labels(exc.backend).inc()
                 log.warning("storage usage scrape failed: %s", exc)
-                return self._cached[1] if self._cached else None
-            self._cached = (now, usage)
-            return usage
+                return (self._cached[1] if self._cached else None), self._oldest
+            self._cached, self._oldest = (now, usage), oldest
+            return usage, oldest
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        nbytes = GaugeMetricFamily("kcache_storage_bytes", "Bytes stored, per namespace and kind", labels=["namespace", "kind"])
-        entries = GaugeMetricFamily("kcache_storage_entries", "Entries stored, per namespace and kind", labels=["namespace", "kind"])
-        for ns, kinds in sorted((self.usage() or {}).items()):
+        nbytes, entries, budget, oldest_age = self._families()
+        usage, oldest = self._read()
+        store = self._store_getter()
+        for ns, kinds in sorted((usage or {}).items()):
             for kind, u in kinds.items():
                 nbytes.add_metric([ns, kind], u.bytes)
                 entries.add_metric([ns, kind], u.entries)
+            policy = store.retention.policy(ns) if store is not None else None
+            if policy is not None and policy.soft_limit_bytes is not None:
+                budget.add_metric([ns, "soft"], policy.soft_limit_bytes)
+            if policy is not None and policy.hard_limit_bytes is not None:
+                budget.add_metric([ns, "hard"], policy.hard_limit_bytes)
+            if ns in oldest:
+                oldest_age.add_metric([ns], max(0.0, time.time() - oldest[ns]))
         yield nbytes
         yield entries
+        yield budget
+        yield oldest_age
+
+    @staticmethod
+    def _families() -> tuple[GaugeMetricFamily, ...]:
+        return (
+            GaugeMetricFamily("kcache_storage_bytes", "Bytes stored, per namespace and kind", labels=["namespace", "kind"]),
+            GaugeMetricFamily("kcache_storage_entries", "Entries stored, per namespace and kind", labels=["namespace", "kind"]),
+            GaugeMetricFamily("kcache_storage_budget_bytes", "A namespace's storage limit for kernels and entries (soft: GC target, hard: uploads refused)", labels=["namespace", "limit"]),
+            GaugeMetricFamily("kcache_storage_oldest_item_age_seconds", "Time since the least recently used kernel or entry was used (as of the namespace's last GC)", labels=["namespace"]),
+        )
 
     def describe(self) -> Iterator[GaugeMetricFamily]:
         # Describing without collecting: registering must not touch the backend.
-        yield GaugeMetricFamily("kcache_storage_bytes", "Bytes stored, per namespace and kind", labels=["namespace", "kind"])
-        yield GaugeMetricFamily("kcache_storage_entries", "Entries stored, per namespace and kind", labels=["namespace", "kind"])
+        yield from self._families()
 
 
 class Metrics:
     """Every metric of one app, in its own registry (tests create many apps in one process)."""
 
-    def __init__(self, store_getter: Callable[[], Any] = lambda: None, usage_ttl_s: float = 10.0) -> None:
+    def __init__(self, store_getter: Callable[[], Any] = lambda: None, usage_ttl_s: float = 10.0,
+                 collector_getter: Callable[[], Any] = lambda: None) -> None:
         r = self.registry = CollectorRegistry(auto_describe=True)
         # Registered first, so a backend error met while scraping usage shows in the same scrape.
-        self.storage = StorageCollector(self, store_getter, usage_ttl_s)
+        self.storage = StorageCollector(self, store_getter, usage_ttl_s, collector_getter)
         r.register(self.storage)
         self.requests = Counter("kcache_http_requests", "HTTP requests by route template, method and status", ["route", "method", "status"], registry=r)
         self.duration = Histogram("kcache_http_request_duration_seconds", "HTTP request latency until the last body byte, by route template and method", ["route", "method"], buckets=_BUCKETS, registry=r)
@@ -123,6 +163,10 @@ class Metrics:
         self.bytes_sent = Counter("kcache_bytes_sent", "Response body bytes sent, by layer (api: not a cache layer)", ["layer"], registry=r)
         self.backend_errors = Counter("kcache_backend_errors", "Storage backend failures (BackendUnavailable), by backend", ["backend"], registry=r)
         self.run_reports = Counter("kcache_run_reports", "Client run-stats reports received", registry=r)
+        self.gc_runs = Counter("kcache_gc_runs", "GC runs finished by this process, by trigger (schedule, pressure, api)", ["trigger"], registry=r)
+        self.gc_duration = Histogram("kcache_gc_duration_seconds", "Duration of a GC run (one namespace, or the orphan sweep)", buckets=_GC_BUCKETS, registry=r)
+        self.gc_evicted_bytes = Counter("kcache_gc_evicted_bytes", "Bytes the GC evicted, by namespace and reason (env, ttl, budget; orphan: blobs, namespace *)", ["namespace", "reason"], registry=r)
+        self.gc_evicted_entries = Counter("kcache_gc_evicted_entries", "Kernels and entries the GC evicted, by namespace and reason (orphan: blobs)", ["namespace", "reason"], registry=r)
         build = Gauge("kcache_build_info", "kcache service version", ["version"], registry=r)
         build.labels(__version__).set(1)
         for result in ("hit", "miss"):  # so rates are defined from the first scrape
@@ -130,6 +174,16 @@ class Metrics:
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+    def record_gc(self, report: GcReport) -> None:
+        self.gc_runs.labels(report.trigger).inc()
+        self.gc_duration.observe(report.seconds)
+        amounts = dict(report.evicted)
+        if report.orphans.entries:
+            amounts[REASON_ORPHAN] = report.orphans
+        for reason, amount in amounts.items():
+            self.gc_evicted_bytes.labels(report.namespace, reason).inc(amount.bytes)
+            self.gc_evicted_entries.labels(report.namespace, reason).inc(amount.entries)
 
 
 def _template(scope: Scope) -> str:
@@ -225,7 +279,7 @@ def instrument(app: FastAPI, usage_ttl_s: float | None = None) -> Metrics:
             usage_ttl_s = float(os.environ.get("KCACHE_METRICS_USAGE_TTL_S", "10"))
         except ValueError:
             usage_ttl_s = 10.0
-    metrics = Metrics(lambda: getattr(app.state, "store", None), usage_ttl_s)
+    metrics = Metrics(lambda: getattr(app.state, "store", None), usage_ttl_s, lambda: getattr(app.state, "gc", None))
     app.state.metrics = metrics
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     original = app.exception_handlers.get(BackendUnavailable)

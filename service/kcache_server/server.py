@@ -52,7 +52,7 @@ def serve(settings_overrides: dict[str, Any]) -> None:
     try:
         settings = Settings()
     except ValidationError as exc:  # e.g. a weak token: say which setting, not a traceback
-        errors = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'settings'}: {e['msg']}" for e in exc.errors())
+        errors = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'settings'}: {e['msg'].removeprefix('Value error, ')}" for e in exc.errors())
         raise SystemExit(f"kcache: invalid settings: {errors}") from None
     settings.check_bind()
     import uvicorn

@@ -14,6 +14,8 @@ from kcache_schemas.signature import TrustedKeys, parse_public_key
 from pydantic import BaseModel, Field, RootModel, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from kcache_server.retention import RetentionConfig, parse_retention
+
 Scope = Literal["read", "write", "admin"]
 # Tokens anyone could guess are refused outright, like the full-stack template's "changethis".
 _WEAK_TOKENS = {"changeme", "changethis", "secret", "password", "token", "kcache"}
@@ -91,6 +93,8 @@ class Settings(BaseSettings):
     s3_endpoint_url: str | None = None
     access_flush_s: float = 2.0
     log_level: str = "info"
+    retention: str | None = Field(default=None, description="JSON retention rules (see kcache_server.retention)")
+    retention_file: Path | None = None
 
     @property
     def resolved_blob_url(self) -> str:
@@ -105,6 +109,7 @@ class Settings(BaseSettings):
         # Parse tokens at load, so a weak or malformed token stops start-up, not the first request.
         _ = self.grants
         _ = self.registered_keys
+        _ = self.retention_config  # the same for retention rules
         return self
 
     @cached_property
@@ -125,6 +130,25 @@ class Settings(BaseSettings):
                 for ns, keys in _RegisteredKeys.model_validate_json(source).root.items():
                     raw.setdefault(ns, []).extend(keys)
         return {ns: TrustedKeys.of(parse_public_key(k) for k in keys) for ns, keys in raw.items()}
+
+    @cached_property
+    def retention_config(self) -> RetentionConfig:
+        """``KCACHE_RETENTION_FILE`` (a JSON file) or ``KCACHE_RETENTION`` (inline JSON; wins)."""
+        if self.retention:
+            source, text = "KCACHE_RETENTION", self.retention
+        elif self.retention_file is not None:
+            source = f"KCACHE_RETENTION_FILE ({self.retention_file})"
+            try:
+                text = self.retention_file.read_text()
+            except OSError as exc:
+                raise ValueError(f"{source}: {exc.strerror}") from None
+        else:
+            return RetentionConfig()
+        try:
+            raw = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{source}: not JSON: {exc}") from None
+        return parse_retention(raw, source)
 
     def check_bind(self) -> None:
         """Refuse to serve an open (tokenless) cache anywhere but loopback."""

@@ -3,14 +3,22 @@ protocol. Routes reach storage only through here (and :mod:`kcache_server.runs`,
 :mod:`kcache_server.workloads`); it returns domain models and raises
 :mod:`kcache_server.errors`, which one handler maps to HTTP.
 
-Every write: verify the payload → write the blob (content-addressed) → check the blob is there
-with the right size → insert the index record (the commit point; first writer wins). Entries are
-write-once: a second write with the same content is accepted, different content is a conflict.
-A record whose blob has vanished is a miss and is removed (the cache repairs itself).
+Every write: verify the payload → check the namespace's hard storage limit → claim a reference on
+the blob → write the blob (content-addressed) → check the blob is there with the right size →
+insert the index record (the commit point; first writer wins) → check the blob once more. Entries
+are write-once: a second write with the same content is accepted, different content is a
+conflict. A record whose blob has vanished is a miss and is removed (the cache repairs itself).
+
+Every delete (eviction, an admin's delete, that repair) mirrors it: the index record first, then
+its reference, then the blob, only if no reference is left (blobs are shared between namespaces)
+and only under the index's deletion marker, which a writer's claim waits for. So no reader ever
+meets a record whose blob was deleted on purpose, and no writer commits a record whose blob a GC
+is deleting (see :mod:`kcache_server.storage.base`, docs/storage.md "Retention").
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import json
@@ -35,12 +43,14 @@ from kcache_schemas import (
     normalize_kernel_key,
 )
 from kcache_schemas.pack import pack_work_bytes, read_pack_file, verify_pack
+from kcache_schemas.retention import Amount, format_bytes
 
 from kcache_server.budget import Hold, MemoryBudget
-from kcache_server.errors import Conflict, KeyMismatch, NotFound
-from kcache_server.kinds import KERNEL, collapse_usage, entry_kind
+from kcache_server.errors import Conflict, InsufficientStorage, KeyMismatch, NotFound
+from kcache_server.kinds import KERNEL, collapse_usage, entry_kind, is_cache_kind
+from kcache_server.retention import RetentionConfig
 from kcache_server.storage import BackendUnavailable, BlobNotFound, BlobStore, Index, IndexRecord
-from kcache_server.storage.base import KindUsage
+from kcache_server.storage.base import KindUsage, blob_ref, new_token
 
 log = logging.getLogger("kcache_server.store")
 
@@ -49,6 +59,12 @@ _PAGE = 1000
 _FETCH_AHEAD = 16
 # Top-kernel queries scan the namespace's kernel records; stop somewhere sane.
 _TOP_SCAN_LIMIT = 200_000
+# A blob deletion marker outlives a stalled GC by this much; a writer of that blob waits for it at
+# most _CLAIM_WAIT_S (a live GC holds it for one delete call), then answers 503.
+BLOB_DELETE_TTL_S = 60.0
+_CLAIM_WAIT_S = 10.0
+# The hard-limit check reads usage at most this stale (plus this process's own writes since).
+_USAGE_TTL_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -73,6 +89,15 @@ class TopKernel:
 class PutResult:
     created: bool
     meta: str  # JSON of the stored entry
+
+
+@dataclass
+class EvictResult:
+    """What :meth:`CacheStore.evict` did: per record whether it was deleted, and the blobs."""
+
+    deleted: list[bool]
+    blobs_deleted: Amount = field(default_factory=Amount)
+    blobs_shared: int = 0  # blobs kept because another record still references them
 
 
 class AccessRecorder:
@@ -120,15 +145,22 @@ class AccessRecorder:
 
 class CacheStore:
     """``limits`` bound what a pack may unpack to; ``budget`` is the replica's memory budget,
-    from which pack verification and file views take their working memory (unlimited if None)."""
+    from which pack verification and file views take their working memory (unlimited if None);
+    ``retention`` the namespaces' storage limits and age rules (:mod:`kcache_server.retention`)."""
 
     def __init__(
         self, blobs: BlobStore, index: Index, limits: PackLimits, access_flush_s: float = 2.0,
-        budget: MemoryBudget | None = None,
+        budget: MemoryBudget | None = None, retention: RetentionConfig | None = None,
     ) -> None:
         self.blobs, self.index, self.limits = blobs, index, limits
         self.budget = budget or MemoryBudget(0)
         self.access = AccessRecorder(index, access_flush_s)
+        self.retention = retention or RetentionConfig()
+        # Called with a namespace whose uploads met its soft or hard limit: wakes the GC.
+        self.on_pressure: Callable[[str], None] = lambda namespace: None
+        self._usage_lock = threading.Lock()
+        self._usage: tuple[float, dict[str, int]] | None = None  # (when read, cache bytes per namespace)
+        self._refs_complete = False
 
     def close(self) -> None:
         self.access.close()
@@ -143,18 +175,89 @@ class CacheStore:
         existing = self.index.get(record.namespace, record.kind, record.key)
         if existing is not None and supersede is not None and _content_id(existing) != _content_id(record) and supersede(existing):
             log.info("%s/%s/%s: the stored entry gives way to a trusted upload", record.namespace, record.kind, record.key)
-            self.index.delete(record.namespace, record.kind, record.key, digest=existing.digest)
+            self._drop(existing)  # record, then its reference, then its blob if nothing else uses it
             existing = None
         if existing is not None:
             return self._resolve_existing(existing, record)
-        self.blobs.put(record.digest, data)
-        if self.blobs.size(record.digest) != len(data):
-            raise BackendUnavailable(self.blobs.name, "blob did not verify after write")
+        self._check_budget(record.namespace, len(data))
+        ref = blob_ref(record.namespace, record.kind, record.key)
+        # The claim comes first: from here on no GC starts deleting this blob, and one already
+        # deleting it has finished (claim waits), so the blob written below stays.
+        token = self._claim(record.digest, ref)
+        self._write_blob(record.digest, data)
+        # A failure from here on keeps the claim: the record may have committed (a frozen Redis
+        # that resumes runs the queued insert); a claim without its record is a leak the orphan
+        # sweep reclaims, a record without its claim could lose its blob.
         stored = self.index.put_if_absent(record)
-        if stored.digest == record.digest:
-            return PutResult(created=stored.created_at == record.created_at, meta=stored.meta)
-        # Lost a race to a concurrent writer: our blob is an orphan (content-addressed, harmless).
-        return self._resolve_existing(stored, record)
+        if stored.digest != record.digest:
+            # Lost the race to a writer of other content: our reference and blob are not needed.
+            self.index.release_blob(record.digest, ref, token)
+            self.delete_blob_if_unreferenced(record.digest)
+            return self._resolve_existing(stored, record)
+        # Verified before the insert; once more now that the record commits it. Only a GC whose
+        # deletion marker expired while it stalled (begun before our claim) can have deleted it,
+        # and our claim stops every later one, so writing it back is final.
+        if self.blobs.size(record.digest) != len(data):
+            log.warning("blob %s vanished while its record committed; writing it again", record.digest)
+            self._write_blob(record.digest, data)
+        created = stored.created_at == record.created_at
+        if created:
+            self._count_usage(record.namespace, record.size)
+        return PutResult(created=created, meta=stored.meta)
+
+    def _write_blob(self, digest: str, data: bytes) -> None:
+        self.blobs.put(digest, data)
+        if self.blobs.size(digest) != len(data):
+            raise BackendUnavailable(self.blobs.name, "blob did not verify after write")
+
+    def _claim(self, digest: str, ref: str) -> str:
+        deadline = time.monotonic() + _CLAIM_WAIT_S
+        pause = 0.01
+        while True:
+            token = self.index.claim_blob(digest, ref)
+            if token is not None:
+                return token
+            if time.monotonic() + pause > deadline:
+                raise BackendUnavailable(self.index.name, f"blob {digest[:16]}… is being deleted by a GC that does not finish; retry")
+            time.sleep(pause)  # a GC is deleting this very blob right now: one delete call
+            pause = min(pause * 2, 0.2)
+
+    # ---- storage budgets ----------------------------------------------------------------------
+
+    def cache_usage(self, namespace: str) -> Amount:
+        """Kernels and entries stored in ``namespace`` (what its budget counts), read now."""
+        kinds = self.index.usage().get(namespace, {})
+        return _cache_amount(kinds)
+
+    def _cached_cache_bytes(self, namespace: str) -> int:
+        with self._usage_lock:
+            if self._usage is None or time.monotonic() - self._usage[0] > _USAGE_TTL_S:
+                usage = self.index.usage()
+                self._usage = (time.monotonic(), {ns: _cache_amount(k).bytes for ns, k in usage.items()})
+            return self._usage[1].get(namespace, 0)
+
+    def _count_usage(self, namespace: str, size: int) -> None:
+        # Our own writes count at once; other replicas' within _USAGE_TTL_S.
+        with self._usage_lock:
+            if self._usage is not None:
+                self._usage[1][namespace] = self._usage[1].get(namespace, 0) + size
+
+    def _check_budget(self, namespace: str, size: int) -> None:
+        """Refuse (507) an upload that would take the namespace past its hard limit; wake the GC
+        once it is past its soft limit. Free when the namespace has no limits."""
+        policy = self.retention.policy(namespace)
+        soft, hard = policy.soft_limit_bytes, policy.hard_limit_bytes
+        if soft is None and hard is None:
+            return
+        used = self._cached_cache_bytes(namespace)
+        if soft is not None and used + size > soft:
+            self.on_pressure(namespace)
+        if hard is not None and used + size > hard:
+            raise InsufficientStorage(
+                f"namespace {namespace!r} holds {format_bytes(used)} of its {format_bytes(hard)} hard limit; "
+                f"this upload of {format_bytes(size)} would pass it. The GC is evicting least recently used "
+                "items (nothing used within the minimum age); retry later, or raise the limit (KCACHE_RETENTION)"
+            )
 
     def _resolve_existing(self, existing: IndexRecord, new: IndexRecord) -> PutResult:
         if _content_id(existing) == _content_id(new):
@@ -168,11 +271,92 @@ class CacheStore:
         try:
             return self.blobs.get(record.digest)
         except BlobNotFound:
-            # The index points at bytes that are gone (pruned bucket, lost disk): drop the record
-            # so the next writer can repopulate it, and report a miss.
-            log.warning("blob %s for %s/%s vanished; removing index record", record.digest, record.kind, record.key)
-            self.index.delete(record.namespace, record.kind, record.key, digest=record.digest)
-            raise NotFound(f"{record.kind} {record.key}") from None
+            pass
+        # Evicted between our index read and blob read (a miss), or the bytes are gone (a pruned
+        # bucket, a lost disk): drop the record if it still names them, so the next writer can
+        # repopulate it, and report a miss. A writer that put the same bytes back meanwhile wins.
+        if self.blobs.size(record.digest) is not None:
+            with contextlib.suppress(BlobNotFound):
+                return self.blobs.get(record.digest)
+        if self._drop(record):
+            log.warning("blob %s for %s/%s vanished; removed its index record", record.digest, record.kind, record.key)
+        raise NotFound(f"{record.kind} {record.key}") from None
+
+    # ---- deletes and eviction ---------------------------------------------------------------
+
+    def _drop(self, record: IndexRecord) -> bool:
+        """Delete one record if it still names its digest, then its reference and blob."""
+        ref = blob_ref(record.namespace, record.kind, record.key)
+        token = self.index.blob_refs([record.digest]).get(record.digest, {}).get(ref) if record.digest else None
+        if not self.index.delete(record.namespace, record.kind, record.key, digest=record.digest):
+            return False
+        if token is not None:
+            self.index.release_blob(record.digest, ref, token)
+            self.delete_blob_if_unreferenced(record.digest)
+        return True
+
+    def evict(self, records: list[IndexRecord]) -> EvictResult:
+        """Delete records that were not used since they were read (index entries first), then the
+        blobs no record references any more. Records used or replaced meanwhile are kept."""
+        with_blob = [r for r in records if r.digest]
+        tokens = self.index.blob_refs([r.digest for r in with_blob]) if with_blob else {}
+        result = EvictResult(deleted=self.index.delete_unused(records))
+        released: dict[str, int] = {}
+        for r, ok in zip(records, result.deleted, strict=True):
+            if not ok or not r.digest:
+                continue
+            ref = blob_ref(r.namespace, r.kind, r.key)
+            token = tokens.get(r.digest, {}).get(ref)
+            if token is not None:
+                self.index.release_blob(r.digest, ref, token)
+            released[r.digest] = r.size
+        for digest, size in released.items():
+            if self.delete_blob_if_unreferenced(digest):
+                result.blobs_deleted = result.blobs_deleted.plus(size)
+            else:
+                result.blobs_shared += 1
+        with self._usage_lock:
+            self._usage = None  # budgets see the space at once
+        return result
+
+    def refs_complete(self) -> bool:
+        """Whether blob references can be trusted to name every record's blob: set once the GC
+        backfilled them, or at once for an index that holds nothing yet."""
+        if not self._refs_complete:
+            if not self.index.blob_refs_complete() and not self.index.usage():
+                self.index.set_blob_refs_complete()
+            self._refs_complete = self.index.blob_refs_complete()
+        return self._refs_complete
+
+    def backfill_refs(self) -> int:
+        """Add a reference for every record with a blob (all namespaces) where one is missing:
+        records written before references existed, or during a rolling upgrade by a replica
+        without them. Marks references complete; how many were added."""
+        added = 0
+        for namespace, kinds in self.index.usage().items():
+            for kind in kinds:
+                batch = [(r.digest, blob_ref(r.namespace, r.kind, r.key)) for r in self.iter_records(namespace, kind) if r.digest]
+                added += self.index.backfill_blob_refs(batch) if batch else 0
+        self.index.set_blob_refs_complete()
+        self._refs_complete = True
+        return added
+
+    def delete_blob_if_unreferenced(self, digest: str) -> bool:
+        """Delete a blob under the index's deletion marker, which is only set while no record
+        (of any namespace) references it and which makes writers of the same bytes wait."""
+        if not self.refs_complete():
+            return False  # the GC backfills references first; until then nothing is deleted
+        token = new_token()
+        began = time.monotonic()
+        if not self.index.begin_blob_delete(digest, token, BLOB_DELETE_TTL_S):
+            return False
+        try:
+            if time.monotonic() - began > BLOB_DELETE_TTL_S / 2:
+                return False  # a slow answer: the marker may expire under us; leave it for later
+            self.blobs.delete(digest)
+            return True
+        finally:
+            self.index.end_blob_delete(digest, token)
 
     # ---- kernels ------------------------------------------------------------------------
 
@@ -300,7 +484,8 @@ class CacheStore:
         return len(records), top
 
     def delete_kernel(self, namespace: str, key: str) -> None:
-        if not self.index.delete(namespace, KERNEL, key):
+        record = self.index.get(namespace, KERNEL, key)
+        if record is None or not self._drop(record):
             raise NotFound(f"{KERNEL} {key}")
 
     # ---- opaque Inductor cache entries ------------------------------------------------------
@@ -345,7 +530,8 @@ class CacheStore:
 
     def delete_entry(self, namespace: str, layer: str, key: str) -> None:
         kind = entry_kind(layer)
-        if not self.index.delete(namespace, kind, key):
+        record = self.index.get(namespace, kind, key)
+        if record is None or not self._drop(record):
             raise NotFound(f"{kind} {key}")
 
     def entry_bytes(self, namespace: str, layer: str, key: str) -> tuple[EntryInfo, bytes]:
@@ -359,14 +545,21 @@ class CacheStore:
     def all_records(self, namespace: str, kind: str, limit: int | None = None) -> list[IndexRecord]:
         """Every record of a kind (paged through the index), up to ``limit``."""
         records: list[IndexRecord] = []
+        for record in self.iter_records(namespace, kind):
+            if limit is not None and len(records) >= limit:
+                break
+            records.append(record)
+        return records
+
+    def iter_records(self, namespace: str, kind: str) -> Iterator[IndexRecord]:
+        """Every record of a kind, one index page at a time."""
         after = ""
-        while limit is None or len(records) < limit:
+        while True:
             page = self.index.list(namespace, kind, after=after, limit=_PAGE)
             if not page:
-                break
-            records += page
+                return
+            yield from page
             after = page[-1].key
-        return records
 
     def kinds(self, namespace: str) -> dict[str, KindUsage]:
         """Entries and bytes per record kind (uncollapsed: ``workload/<name>`` each)."""
@@ -403,6 +596,11 @@ def split_kernel_keys(raw: list[str]) -> tuple[list[str], list[str]]:
         except InvalidKeyError:
             invalid.append(k)
     return valid, invalid
+
+
+def _cache_amount(kinds: dict[str, KindUsage]) -> Amount:
+    cache = [u for kind, u in kinds.items() if is_cache_kind(kind)]
+    return Amount(entries=sum(u.entries for u in cache), bytes=sum(u.bytes for u in cache))
 
 
 def _content_id(record: IndexRecord) -> str:

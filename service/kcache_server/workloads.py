@@ -32,7 +32,12 @@ def publish(store: CacheStore, namespace: str, name: str, manifest: WorkloadMani
     key = f"{manifest.fingerprint.id}/{hashlib.sha256(canonical.encode()).hexdigest()[:32]}"
     record = IndexRecord(namespace=namespace, kind=workload_kind(name), key=key, digest="", size=len(canonical), meta=manifest.model_dump_json())
     stored = store.index.put_if_absent(record)
-    return manifest.fingerprint.id, key, stored.created_at == record.created_at
+    created = stored.created_at == record.created_at
+    if not created:
+        # A run that used the same set again: its environment is still in use (what the GC's
+        # environment purge asks), so count it as an access of the run record.
+        store.access.record(namespace, record.kind, [key])
+    return manifest.fingerprint.id, key, created
 
 
 def view(store: CacheStore, namespace: str, name: str, fingerprint: str | None = None) -> WorkloadView:

@@ -8,6 +8,17 @@ production, a directory and SQLite by default):
 * :class:`Index` maps ``(namespace, kind, key)`` to a record naming a digest. ``put_if_absent`` is
   the commit point of every write: whoever inserts first wins, later writers see the winner.
 
+Retention (deleting what the cache no longer needs) adds three things to the index, because
+blobs are shared between namespaces and only the index knows who uses them:
+
+* **blob references**: each record with a blob holds a reference ``(digest, ref)`` on it,
+  claimed *before* the blob is written and released *after* the record is deleted, so the
+  references of a digest are always a superset of the records naming it;
+* a **deletion marker** per digest: ``begin_blob_delete`` sets it only while the digest has no
+  reference (atomically), and ``claim_blob`` fails while it is set, so a blob is never deleted
+  under a writer that is about to commit a record naming it;
+* **leases**, so that of several service replicas one GC runs at a time.
+
 Backends translate their SDK's errors at this boundary: "the backend is down or slow" is always
 :class:`BackendUnavailable` (the API answers 503), never a raw SDK exception.
 """
@@ -15,9 +26,11 @@ Backends translate their SDK's errors at this boundary: "the backend is down or 
 from __future__ import annotations
 
 import builtins
+import json
 import time
+import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 
@@ -49,11 +62,41 @@ class IndexRecord:
     last_access: float = 0.0
     hits: int = 0
 
+    @property
+    def last_used(self) -> float:
+        """When it was last read, or written if never read: what LRU eviction orders by."""
+        return max(self.created_at, self.last_access)
+
 
 @dataclass(frozen=True)
 class KindUsage:
     entries: int
     bytes: int
+
+
+@dataclass(frozen=True)
+class BlobInfo:
+    digest: str
+    size: int
+    modified: float  # unix seconds of the last write
+
+
+def blob_ref(namespace: str, kind: str, key: str) -> str:
+    """The reference a record holds on its blob: its id, unambiguous whatever the parts contain."""
+    return json.dumps([namespace, kind, key], separators=(",", ":"))
+
+
+def new_token() -> str:
+    """A claim, deletion or lease token: ``<unix time>:<random>``; the time dates stale claims."""
+    return f"{time.time():.3f}:{uuid.uuid4().hex[:16]}"
+
+
+def token_time(token: str) -> float:
+    """When a token was made (0 for tokens of another form: treated as old)."""
+    try:
+        return float(token.split(":", 1)[0])
+    except ValueError:
+        return 0.0
 
 
 class BlobStore(ABC):
@@ -81,9 +124,20 @@ class BlobStore(ABC):
     def ping(self) -> None:
         """Raise :class:`BackendUnavailable` unless the store answers."""
 
+    @abstractmethod
+    def scan(self) -> Iterator[BlobInfo]:
+        """Every stored blob, in no particular order (the orphan sweep compares them with the
+        index). Partial writes (temp files, unfinished uploads) are not blobs."""
+
     def presigned_get_url(self, digest: str, expires_s: int) -> str | None:
         """A URL a client may GET the blob from directly, if the backend supports it."""
         return None
+
+    def remove_partial(self, older_than: float) -> int:
+        """Remove leftovers of interrupted writes older than ``older_than`` (unix seconds); how
+        many. Backends whose writes leave none (S3: an unfinished upload is a lifecycle rule's
+        job) keep this default."""
+        return 0
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections."""
@@ -128,6 +182,58 @@ class Index(ABC):
 
     @abstractmethod
     def ping(self) -> None: ...
+
+    # ---- retention -------------------------------------------------------------------------
+
+    @abstractmethod
+    def delete_unused(self, records: Sequence[IndexRecord]) -> builtins.list[bool]:
+        """Evict: delete each record only if it still names the same digest and was not used
+        after the ``last_used`` it was read with (a hit flushed since, or a re-upload, keeps it).
+        Atomic per record; which ones were deleted, in order."""
+
+    @abstractmethod
+    def claim_blob(self, digest: str, ref: str) -> str | None:
+        """Add reference ``ref`` to ``digest`` (replacing an earlier claim of the same ref) and
+        return its token; ``None`` while a deletion of ``digest`` is in progress (retry later)."""
+
+    @abstractmethod
+    def release_blob(self, digest: str, ref: str, token: str) -> bool:
+        """Remove reference ``ref`` from ``digest`` if it still holds ``token`` (a newer claim of
+        the same ref, e.g. a re-upload after an eviction, is kept)."""
+
+    @abstractmethod
+    def blob_refs(self, digests: Sequence[str]) -> dict[str, dict[str, str]]:
+        """``{digest: {ref: token}}`` for the digests that have references."""
+
+    @abstractmethod
+    def backfill_blob_refs(self, refs: Sequence[tuple[str, str]]) -> int:
+        """Add ``(digest, ref)`` references that are missing (records written before references
+        existed), leaving existing claims alone; how many were added."""
+
+    @abstractmethod
+    def blob_refs_complete(self) -> bool:
+        """Whether every record's reference is known to exist (set once, after a backfill)."""
+
+    @abstractmethod
+    def set_blob_refs_complete(self) -> None: ...
+
+    @abstractmethod
+    def begin_blob_delete(self, digest: str, token: str, ttl_s: float) -> bool:
+        """Atomically: if ``digest`` has no reference and no deletion in progress, mark it as
+        being deleted (for at most ``ttl_s``) and return True."""
+
+    @abstractmethod
+    def end_blob_delete(self, digest: str, token: str) -> None:
+        """Clear the deletion marker if it is still ours."""
+
+    @abstractmethod
+    def acquire_lease(self, name: str, token: str, ttl_s: float) -> bool:
+        """Take lease ``name`` for ``ttl_s`` seconds, or extend it if ``token`` holds it; False
+        while another token holds it."""
+
+    @abstractmethod
+    def release_lease(self, name: str, token: str) -> None:
+        """Give lease ``name`` back if ``token`` holds it."""
 
     def missing(self, namespace: str, kind: str, keys: builtins.list[str]) -> builtins.list[str]:
         # builtins.list: inside this class ``list`` names the method above

@@ -4,9 +4,17 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
-from kcache_server.storage.base import BackendUnavailable, BlobNotFound, BlobStore
+from kcache_server.storage.base import BackendUnavailable, BlobInfo, BlobNotFound, BlobStore
+
+_TMP_PREFIX = ".tmp-"
+_HEX = frozenset("0123456789abcdef")
+
+
+def _is_digest(name: str) -> bool:
+    return len(name) == 64 and _HEX.issuperset(name)
 
 
 class FileBlobStore(BlobStore):
@@ -19,7 +27,7 @@ class FileBlobStore(BlobStore):
     def _path(self, digest: str) -> Path:
         # Digests are validated sha256 hex before they get here; the check is a last guard
         # against ever building a path from anything else.
-        if len(digest) != 64 or not all(c in "0123456789abcdef" for c in digest):
+        if not _is_digest(digest):
             raise ValueError(f"not a sha256 digest: {digest[:80]!r}")
         return self.root / digest[:2] / digest
 
@@ -30,7 +38,7 @@ class FileBlobStore(BlobStore):
         path.parent.mkdir(parents=True, exist_ok=True)
         # Write to a temp file in the same dir, fsync, then rename: a reader sees the whole blob
         # or none, and a crash leaves only a temp file (never a truncated blob under its name).
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=_TMP_PREFIX)
         try:
             with os.fdopen(fd, "wb") as fh:
                 fh.write(data)
@@ -55,6 +63,38 @@ class FileBlobStore(BlobStore):
 
     def delete(self, digest: str) -> None:
         self._path(digest).unlink(missing_ok=True)
+
+    def _shards(self) -> Iterator[os.DirEntry[str]]:
+        with os.scandir(self.root) as top:
+            for shard in top:
+                if len(shard.name) == 2 and shard.is_dir(follow_symlinks=False):
+                    yield shard
+
+    def scan(self) -> Iterator[BlobInfo]:
+        for shard in self._shards():
+            with os.scandir(shard.path) as entries:
+                for e in entries:
+                    if not _is_digest(e.name):
+                        continue
+                    try:
+                        st = e.stat(follow_symlinks=False)
+                    except FileNotFoundError:  # deleted while we looked
+                        continue
+                    yield BlobInfo(e.name, st.st_size, st.st_mtime)
+
+    def remove_partial(self, older_than: float) -> int:
+        removed = 0
+        for shard in self._shards():
+            with os.scandir(shard.path) as entries:
+                for e in entries:
+                    if e.name.startswith(_TMP_PREFIX):
+                        try:
+                            if e.stat(follow_symlinks=False).st_mtime < older_than:
+                                os.unlink(e.path)
+                                removed += 1
+                        except FileNotFoundError:
+                            pass
+        return removed
 
     def ping(self) -> None:
         if not os.access(self.root, os.W_OK):

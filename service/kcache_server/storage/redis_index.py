@@ -16,11 +16,22 @@ Key design (``P`` = prefix, ``T`` = ``url-quoted(namespace)|url-quoted(kind)``):
     P:{T}:keys       zset    every key of (namespace, kind), score 0: ordered listing (ZRANGEBYLEX)
     P:{T}:stats      hash    entries, bytes: usage counters of (namespace, kind)
     P:kinds          set     JSON [namespace, kind] of every pair ever written (for usage())
+    P:{b:D}:refs     hash    ref -> claim token: the records using blob D (retention)
+    P:{b:D}:del      string  deletion marker of blob D (token, expires by itself)
+    P:lease:NAME     string  lease token (expires by itself): one GC at a time
+    P:flags          hash    blob_refs_complete
 
 The ``{T}`` hash tag puts all keys of one (namespace, kind) in one cluster slot, so the Lua
 scripts that change a record, its listing entry and the counters together run atomically on one
 node, in cluster mode too. ``put_if_absent`` is such a script: the first writer's record wins on
 every replica of the service at once, with no WATCH/MULTI retry loops.
+
+A blob's references and its deletion marker share the slot ``{b:D}`` of the digest, not the
+records' slots (records of many namespaces may name one blob), so they cannot change in the
+same script as a record: the store orders the calls instead (claim before the record is
+inserted, release after it is deleted; see :mod:`kcache_server.storage.base`), and the scripts
+on the digest's slot make "no reference, so mark it deleted" and "not being deleted, so claim
+it" atomic against each other.
 
 Outages: socket connect/read timeouts are ``timeout_s``; a dropped connection (server restart,
 reset) is retried once on a fresh connection, a timeout is not retried, so a dead Redis answers
@@ -30,11 +41,12 @@ on the next call, so the service recovers by itself once Redis is back.
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import json
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit, urlunsplit
@@ -45,7 +57,13 @@ from redis.cluster import ClusterNode, RedisCluster
 from redis.exceptions import RedisClusterException, RedisError
 from redis.retry import Retry
 
-from kcache_server.storage.base import BackendUnavailable, Index, IndexRecord, KindUsage
+from kcache_server.storage.base import (
+    BackendUnavailable,
+    Index,
+    IndexRecord,
+    KindUsage,
+    new_token,
+)
 
 T = TypeVar("T")
 
@@ -105,9 +123,80 @@ return 1
 """
 
 
+# KEYS: keys zset, stats, then one record per key (one slot).  ARGV: per record key, digest,
+# last_used. Deletes a record only if it still names the digest and was not used since.
+_DELETE_UNUSED = """
+local out = {}
+for i = 3, #KEYS do
+  local j = (i - 3) * 3
+  local rec = redis.call('HMGET', KEYS[i], 'digest', 'size', 'created_at', 'last_access')
+  local ok = 0
+  if rec[1] and rec[1] == ARGV[j + 2] then
+    local used = math.max(tonumber(rec[3]) or 0, tonumber(rec[4] or '0') or 0)
+    if used <= tonumber(ARGV[j + 3]) then
+      redis.call('DEL', KEYS[i])
+      redis.call('ZREM', KEYS[1], ARGV[j + 1])
+      redis.call('HINCRBY', KEYS[2], 'entries', -1)
+      redis.call('HINCRBY', KEYS[2], 'bytes', -tonumber(rec[2] or '0'))
+      ok = 1
+    end
+  end
+  out[#out + 1] = ok
+end
+return out
+"""
+
+# KEYS: refs, del (the digest's slot).  ARGV: ref, token
+_CLAIM = """
+if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+return 1
+"""
+
+# KEYS: refs.  ARGV: ref, token
+_RELEASE = """
+if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then
+  redis.call('HDEL', KEYS[1], ARGV[1])
+  return 1
+end
+return 0
+"""
+
+# KEYS: refs, del.  ARGV: token, ttl_ms
+_BEGIN_DELETE = """
+if redis.call('HLEN', KEYS[1]) > 0 then return 0 end
+if redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
+return 0
+"""
+
+# KEYS: one string.  ARGV: token.  (end of a blob deletion, release of a lease)
+_DELETE_IF_MINE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+# KEYS: lease.  ARGV: token, ttl_ms
+_ACQUIRE = """
+local cur = redis.call('GET', KEYS[1])
+if not cur then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return 1
+end
+if cur == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+return 0
+"""
+
+
 def _scripts_for(client: Any) -> dict[str, Any]:
     # Script objects run EVALSHA and reload the script after NOSCRIPT (e.g. a Redis restart).
-    sources = {"put": _PUT_IF_ABSENT, "upsert": _UPSERT, "delete": _DELETE, "touch": _TOUCH}
+    sources = {
+        "put": _PUT_IF_ABSENT, "upsert": _UPSERT, "delete": _DELETE, "touch": _TOUCH,
+        "delete_unused": _DELETE_UNUSED, "claim": _CLAIM, "release": _RELEASE,
+        "begin_delete": _BEGIN_DELETE, "delete_if_mine": _DELETE_IF_MINE, "acquire": _ACQUIRE,
+    }
     return {name: client.register_script(src) for name, src in sources.items()}
 
 
@@ -348,6 +437,88 @@ class RedisIndex(Index):
 
     def ping(self) -> None:
         self._run(lambda r: r.ping())
+
+    # ---- retention -------------------------------------------------------------------------
+
+    def _blob_keys(self, digest: str) -> builtins.list[str]:
+        tag = f"{self.prefix}:{{b:{digest}}}"
+        return [f"{tag}:refs", f"{tag}:del"]
+
+    def delete_unused(self, records: Sequence[IndexRecord]) -> builtins.list[bool]:
+        deleted: dict[int, bool] = {}
+        groups: dict[tuple[str, str], builtins.list[int]] = {}
+        for i, r in enumerate(records):
+            groups.setdefault((r.namespace, r.kind), []).append(i)
+        for (ns, kind), positions in groups.items():
+            tag = self._tag(ns, kind)
+            for j in range(0, len(positions), _BATCH):
+                chunk = positions[j : j + _BATCH]
+                keys = [f"{tag}:keys", f"{tag}:stats", *(f"{tag}:r:{records[i].key}" for i in chunk)]
+                args: builtins.list[Any] = []
+                for i in chunk:
+                    args += [records[i].key, records[i].digest, _f(records[i].last_used)]
+                for i, ok in zip(chunk, self._script("delete_unused", keys, args), strict=True):
+                    deleted[i] = bool(ok)
+        return [deleted[i] for i in range(len(records))]
+
+    def claim_blob(self, digest: str, ref: str) -> str | None:
+        token = new_token()
+        return token if self._script("claim", self._blob_keys(digest), [ref, token]) else None
+
+    def release_blob(self, digest: str, ref: str, token: str) -> bool:
+        return bool(self._script("release", self._blob_keys(digest)[:1], [ref, token]))
+
+    def blob_refs(self, digests: Sequence[str]) -> dict[str, dict[str, str]]:
+        unique = list(dict.fromkeys(digests))
+        out: dict[str, dict[str, str]] = {}
+        for i in range(0, len(unique), _BATCH):
+            chunk = unique[i : i + _BATCH]
+
+            def fetch(r: Any, chunk: builtins.list[str] = chunk) -> builtins.list[Any]:
+                pipe = r.pipeline(transaction=False)
+                for d in chunk:
+                    pipe.hgetall(self._blob_keys(d)[0])
+                return list(pipe.execute())
+
+            for d, refs in zip(chunk, self._run(fetch), strict=True):
+                if refs:
+                    out[d] = dict(refs)
+        return out
+
+    def backfill_blob_refs(self, refs: Sequence[tuple[str, str]]) -> int:
+        token = new_token()
+        added = 0
+        for i in range(0, len(refs), _BATCH):
+            chunk = refs[i : i + _BATCH]
+
+            def add(r: Any, chunk: Sequence[tuple[str, str]] = chunk) -> builtins.list[Any]:
+                pipe = r.pipeline(transaction=False)
+                for digest, ref in chunk:
+                    pipe.hsetnx(self._blob_keys(digest)[0], ref, token)
+                return list(pipe.execute())
+
+            added += sum(1 for n in self._run(add) if n)
+        return added
+
+    def blob_refs_complete(self) -> bool:
+        return bool(self._run(lambda r: r.hget(f"{self.prefix}:flags", "blob_refs_complete")))
+
+    def set_blob_refs_complete(self) -> None:
+        self._run(lambda r: r.hset(f"{self.prefix}:flags", "blob_refs_complete", "1"))
+
+    def begin_blob_delete(self, digest: str, token: str, ttl_s: float) -> bool:
+        ttl_ms = max(1, int(ttl_s * 1000))
+        return bool(self._script("begin_delete", self._blob_keys(digest), [token, ttl_ms]))
+
+    def end_blob_delete(self, digest: str, token: str) -> None:
+        self._script("delete_if_mine", self._blob_keys(digest)[1:], [token])
+
+    def acquire_lease(self, name: str, token: str, ttl_s: float) -> bool:
+        ttl_ms = max(1, int(ttl_s * 1000))
+        return bool(self._script("acquire", [f"{self.prefix}:lease:{name}"], [token, ttl_ms]))
+
+    def release_lease(self, name: str, token: str) -> None:
+        self._script("delete_if_mine", [f"{self.prefix}:lease:{name}"], [token])
 
     def close(self) -> None:
         client = self._client

@@ -5,7 +5,8 @@ URL: ``s3://bucket[/prefix][?region=..&addressing_style=path|virtual|auto&public
 Layout, content-addressed: ``<prefix>/<digest[:2]>/<digest>``. The object name is the sha256 of
 its bytes and nothing else, so a pack uploaded into several namespaces is stored once
 (deduplicated); namespaces live only in the index. Deleting an index record therefore never
-deletes the blob; orphaned blobs are reclaimed by pruning, which checks the index first.
+deletes the blob by itself: the GC deletes a blob once no record references it (the index
+keeps the references), and its orphan sweep lists the bucket to find blobs nothing references.
 
 Endpoint: the ``endpoint_url`` argument (``KCACHE_S3_ENDPOINT_URL``), else
 ``AWS_ENDPOINT_URL_S3``, else ``AWS_ENDPOINT_URL``, else AWS itself. Credentials and region come
@@ -28,7 +29,7 @@ import io
 import os
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
@@ -37,7 +38,7 @@ from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
-from kcache_server.storage.base import BackendUnavailable, BlobNotFound, BlobStore
+from kcache_server.storage.base import BackendUnavailable, BlobInfo, BlobNotFound, BlobStore
 
 T = TypeVar("T")
 
@@ -239,6 +240,25 @@ class S3BlobStore(BlobStore):
         # S3 answers 204 for absent keys; some compatibles say 404.
         with contextlib.suppress(BlobNotFound):
             self._call("delete", lambda: self._client.delete_object(Bucket=self.bucket, Key=key))
+
+    def scan(self) -> Iterator[BlobInfo]:
+        # ListObjectsV2 page by page, each page one retried call: a dead S3 is BackendUnavailable
+        # from the page where it died, never a half-silent end of the listing.
+        prefix = f"{self.prefix}/" if self.prefix else ""
+        token: str | None = None
+        while True:
+            args: dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix, "MaxKeys": 1000}
+            if token:
+                args["ContinuationToken"] = token
+            page = self._call("list", lambda args=args: self._client.list_objects_v2(**args))  # type: ignore[misc]
+            for obj in page.get("Contents", []):
+                name = str(obj["Key"])[len(prefix):]
+                shard, _, digest = name.partition("/")
+                if _is_digest(digest) and shard == digest[:2]:
+                    yield BlobInfo(digest, int(obj["Size"]), obj["LastModified"].timestamp())
+            if not page.get("IsTruncated"):
+                return
+            token = page.get("NextContinuationToken")
 
     def ping(self) -> None:
         self._call("head_bucket", lambda: self._client.head_bucket(Bucket=self.bucket))

@@ -3,12 +3,21 @@ and several server worker processes can share one file."""
 
 from __future__ import annotations
 
+import builtins
+import contextlib
 import sqlite3
 import threading
-from collections.abc import Iterable
+import time
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
-from kcache_server.storage.base import BackendUnavailable, Index, IndexRecord, KindUsage
+from kcache_server.storage.base import (
+    BackendUnavailable,
+    Index,
+    IndexRecord,
+    KindUsage,
+    new_token,
+)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS records (
@@ -23,7 +32,28 @@ CREATE TABLE IF NOT EXISTS records (
     hits INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (namespace, kind, key)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS blob_refs (
+    digest TEXT NOT NULL,
+    ref TEXT NOT NULL,
+    token TEXT NOT NULL,
+    PRIMARY KEY (digest, ref)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS blob_deletes (
+    digest TEXT PRIMARY KEY,
+    token TEXT NOT NULL,
+    expires REAL NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS leases (
+    name TEXT PRIMARY KEY,
+    token TEXT NOT NULL,
+    expires REAL NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS flags (
+    name TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+) WITHOUT ROWID;
 """
+_REFS_COMPLETE = "blob_refs_complete"
 _COLUMNS = "namespace, kind, key, digest, size, meta, created_at, last_access, hits"
 # SQLite's default limit on bound parameters is 999 in old builds; stay under it.
 _CHUNK = 500
@@ -140,6 +170,116 @@ class SqliteIndex(Index):
 
     def ping(self) -> None:
         self._query("SELECT 1")
+
+    # ---- retention -------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        """``BEGIN IMMEDIATE`` … ``COMMIT``: the write lock first, so a check and the write that
+        depends on it see no other writer in between (several worker processes share the file)."""
+        conn = self._conn()
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as exc:
+            raise BackendUnavailable(self.name, str(exc)) from exc
+        try:
+            yield conn
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        try:
+            conn.execute("COMMIT")
+        except sqlite3.OperationalError as exc:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+            raise BackendUnavailable(self.name, str(exc)) from exc
+
+    def delete_unused(self, records: Sequence[IndexRecord]) -> builtins.list[bool]:
+        out: builtins.list[bool] = []
+        try:
+            with self._transaction() as conn:
+                for r in records:
+                    rows = conn.execute(
+                        "DELETE FROM records WHERE namespace=? AND kind=? AND key=? AND digest=? "
+                        "AND max(created_at, last_access) <= ? RETURNING key",
+                        (r.namespace, r.kind, r.key, r.digest, r.last_used),
+                    ).fetchall()
+                    out.append(bool(rows))
+        except sqlite3.OperationalError as exc:
+            raise BackendUnavailable(self.name, str(exc)) from exc
+        return out
+
+    def claim_blob(self, digest: str, ref: str) -> str | None:
+        token = new_token()
+        try:
+            with self._transaction() as conn:
+                if conn.execute("SELECT 1 FROM blob_deletes WHERE digest=? AND expires>?", (digest, time.time())).fetchone():
+                    return None
+                conn.execute("INSERT OR REPLACE INTO blob_refs (digest, ref, token) VALUES (?,?,?)", (digest, ref, token))
+        except sqlite3.OperationalError as exc:
+            raise BackendUnavailable(self.name, str(exc)) from exc
+        return token
+
+    def release_blob(self, digest: str, ref: str, token: str) -> bool:
+        rows = self._query("DELETE FROM blob_refs WHERE digest=? AND ref=? AND token=? RETURNING ref", (digest, ref, token))
+        return bool(rows)
+
+    def blob_refs(self, digests: Sequence[str]) -> dict[str, dict[str, str]]:
+        out: dict[str, dict[str, str]] = {}
+        unique = list(dict.fromkeys(digests))
+        for i in range(0, len(unique), _CHUNK):
+            chunk = unique[i : i + _CHUNK]
+            marks = ",".join("?" * len(chunk))
+            for digest, ref, token in self._query(f"SELECT digest, ref, token FROM blob_refs WHERE digest IN ({marks})", chunk):
+                out.setdefault(str(digest), {})[str(ref)] = str(token)
+        return out
+
+    def backfill_blob_refs(self, refs: Sequence[tuple[str, str]]) -> int:
+        token = new_token()
+        try:
+            with self._transaction() as conn:
+                cur = conn.executemany(
+                    "INSERT OR IGNORE INTO blob_refs (digest, ref, token) VALUES (?,?,?)",
+                    [(d, ref, token) for d, ref in refs],
+                )
+                return max(cur.rowcount, 0)
+        except sqlite3.OperationalError as exc:
+            raise BackendUnavailable(self.name, str(exc)) from exc
+
+    def blob_refs_complete(self) -> bool:
+        return bool(self._query("SELECT 1 FROM flags WHERE name=?", (_REFS_COMPLETE,)))
+
+    def set_blob_refs_complete(self) -> None:
+        self._query("INSERT OR REPLACE INTO flags (name, value) VALUES (?, ?)", (_REFS_COMPLETE, "1"))
+
+    def begin_blob_delete(self, digest: str, token: str, ttl_s: float) -> bool:
+        now = time.time()
+        try:
+            with self._transaction() as conn:
+                if conn.execute("SELECT 1 FROM blob_refs WHERE digest=? LIMIT 1", (digest,)).fetchone():
+                    return False
+                if conn.execute("SELECT 1 FROM blob_deletes WHERE digest=? AND expires>?", (digest, now)).fetchone():
+                    return False
+                conn.execute("INSERT OR REPLACE INTO blob_deletes (digest, token, expires) VALUES (?,?,?)", (digest, token, now + ttl_s))
+        except sqlite3.OperationalError as exc:
+            raise BackendUnavailable(self.name, str(exc)) from exc
+        return True
+
+    def end_blob_delete(self, digest: str, token: str) -> None:
+        self._query("DELETE FROM blob_deletes WHERE digest=? AND token=?", (digest, token))
+
+    def acquire_lease(self, name: str, token: str, ttl_s: float) -> bool:
+        now = time.time()
+        rows = self._query(
+            "INSERT INTO leases (name, token, expires) VALUES (?,?,?) "
+            "ON CONFLICT(name) DO UPDATE SET token=excluded.token, expires=excluded.expires "
+            "WHERE leases.token=excluded.token OR leases.expires<=? RETURNING token",
+            (name, token, now + ttl_s, now),
+        )
+        return bool(rows)
+
+    def release_lease(self, name: str, token: str) -> None:
+        self._query("DELETE FROM leases WHERE name=? AND token=?", (name, token))
 
     def close(self) -> None:
         conn = getattr(self._local, "conn", None)

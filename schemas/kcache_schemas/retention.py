@@ -1,0 +1,172 @@
+"""Retention on the wire: storage budgets, GC requests and reports, pins; and the one spelling of
+sizes and durations (``50GiB``, ``7d``) that the service's settings and the CLI both accept.
+
+The service keeps each namespace under its budget by evicting the least recently used kernels
+and entries (see docs/storage.md, "Retention"); these models are what ``GET/POST
+/v1/{namespace}/gc`` and ``/v1/{namespace}/pins`` exchange.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from kcache_schemas.models import WorkloadName
+
+# Why an item is evicted, in the order the GC applies them (each item counts under the first).
+REASON_ENV = "env"  # built for an environment nobody uses any more (or the one --env names)
+REASON_TTL = "ttl"  # not used for longer than the namespace's TTL (or --older-than)
+REASON_BUDGET = "budget"  # least recently used, while the namespace is over its byte budget
+REASON_ORPHAN = "orphan"  # a blob no index record references (a crash mid-write, a lost race)
+REASONS = (REASON_ENV, REASON_TTL, REASON_BUDGET, REASON_ORPHAN)
+
+_BYTE_UNITS = {
+    "": 1, "b": 1,
+    "k": 1000, "kb": 1000, "kib": 1 << 10,
+    "m": 1000**2, "mb": 1000**2, "mib": 1 << 20,
+    "g": 1000**3, "gb": 1000**3, "gib": 1 << 30,
+    "t": 1000**4, "tb": 1000**4, "tib": 1 << 40,
+}
+_BYTES_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+_DURATION_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 7 * 86400.0}
+_DURATION_PART_RE = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
+
+
+def parse_bytes(value: str | int | float) -> int:
+    """``1073741824``, ``"1GiB"``, ``"1.5GB"``, ``"500M"`` → bytes (K/M/G/T are powers of 1000,
+    KiB/MiB/GiB/TiB of 1024)."""
+    if isinstance(value, bool):
+        raise ValueError(f"not a size: {value!r}")
+    if isinstance(value, (int, float)):
+        if value < 0:
+            raise ValueError(f"size must not be negative: {value!r}")
+        return int(value)
+    m = _BYTES_RE.match(value)
+    unit = m.group(2).lower() if m else ""
+    if m is None or unit not in _BYTE_UNITS:
+        raise ValueError(f"not a size: {value[:40]!r} (use e.g. 500MB, 50GiB or a number of bytes)")
+    return int(float(m.group(1)) * _BYTE_UNITS[unit])
+
+
+def parse_duration(value: str | int | float) -> float:
+    """``3600``, ``"90s"``, ``"30m"``, ``"1h30m"``, ``"7d"``, ``"2w"`` → seconds."""
+    if isinstance(value, bool):
+        raise ValueError(f"not a duration: {value!r}")
+    if isinstance(value, (int, float)):
+        if value < 0:
+            raise ValueError(f"duration must not be negative: {value!r}")
+        return float(value)
+    text = value.strip().lower()
+    try:
+        return parse_duration(float(text))
+    except ValueError:
+        pass
+    parts = _DURATION_PART_RE.findall(text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        raise ValueError(f"not a duration: {value[:40]!r} (use e.g. 90s, 30m, 12h, 7d or seconds)")
+    return sum(float(n) * _DURATION_UNITS[u] for n, u in parts)
+
+
+def format_bytes(n: int | float) -> str:
+    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(n) >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{int(n)} B"
+
+
+def format_duration(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            value = seconds / size
+            return f"{value:.0f}{unit}" if value >= 10 or value == int(value) else f"{value:.1f}{unit}"
+    return f"{seconds:.0f}s"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class RetentionPolicy(_Model):
+    """One namespace's storage rules as the service applies them. Sizes count the kernels and
+    entries the namespace's records name (a blob shared by two namespaces counts in both)."""
+
+    soft_limit_bytes: int | None = Field(default=None, description="background GC keeps usage under this")
+    hard_limit_bytes: int | None = Field(default=None, description="an upload past this is refused with 507")
+    min_age_s: float = Field(default=3600.0, description="nothing used more recently than this is evicted")
+    ttl_s: float | None = Field(default=None, description="evict what was not used for this long")
+    env_idle_s: float | None = Field(default=None, description="purge an environment nobody used for this long")
+
+
+class GcRequest(_Model):
+    """A GC run: the namespace's policy, with any of these overriding it."""
+
+    max_bytes: int | None = Field(default=None, ge=0, description="evict least recently used until at most this many bytes")
+    min_age_s: float | None = Field(default=None, ge=0, description="0 allows evicting items used just now")
+    older_than_s: float | None = Field(default=None, gt=0, description="with env: only what is idle this long; alone: a TTL")
+    env: str | None = Field(default=None, min_length=1, max_length=256,
+                            description="an environment id (kcache ls --workloads) or torch=..,triton=..,cuda=..,hip=..,gpu_arch=..")
+    orphans: bool = Field(default=False, description="also delete blobs no record references")
+    dry_run: bool = False
+
+
+class Amount(_Model):
+    entries: int = 0
+    bytes: int = 0
+
+    def plus(self, size: int, entries: int = 1) -> Amount:
+        return Amount(entries=self.entries + entries, bytes=self.bytes + size)
+
+
+class GcItem(_Model):
+    kind: str
+    key: str
+    size: int
+    last_used: float = Field(description="last access, or creation if never read (unix seconds)")
+    reason: str
+
+
+class GcReport(_Model):
+    """What a GC run planned and did. On a dry run ``evicted`` is empty and ``after`` is the plan's."""
+
+    namespace: str
+    trigger: str = Field(description="api, schedule or pressure (an upload met the hard limit)")
+    dry_run: bool
+    policy: RetentionPolicy = Field(description="the rules applied: the namespace's, with the request's overrides")
+    target_bytes: int | None = None
+    env: dict[str, str] | None = Field(default=None, description="the environment purged (fields that must match)")
+    started_at: float
+    seconds: float = 0.0
+    before: Amount
+    after: Amount
+    planned: dict[str, Amount] = Field(default_factory=dict, description="by reason")
+    evicted: dict[str, Amount] = Field(default_factory=dict, description="by reason")
+    skipped: int = Field(default=0, description="planned, but used or replaced meanwhile: kept")
+    kept_recent: Amount = Amount()
+    kept_pinned: Amount = Amount()
+    pins: list[str] = Field(default_factory=list)
+    oldest_used: float | None = Field(default=None, description="last use of the least recently used item left")
+    blobs_deleted: Amount = Amount()
+    blobs_shared: int = Field(default=0, description="blobs kept: another record (maybe in another namespace) still uses them")
+    orphans: Amount = Amount()
+    items: list[GcItem] = Field(default_factory=list, description="the first planned evictions")
+    more_items: int = 0
+    notes: list[str] = Field(default_factory=list)
+
+
+class GcStatus(_Model):
+    namespace: str
+    policy: RetentionPolicy
+    usage: Amount = Field(description="kernels and entries stored now")
+    pins: list[str] = Field(default_factory=list)
+    last_run: GcReport | None = None
+
+
+class Pin(_Model):
+    workload: WorkloadName
+    pinned_at: datetime
+
+
+class PinList(_Model):
+    items: list[Pin]
