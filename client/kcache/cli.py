@@ -8,19 +8,23 @@ import os
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kcache.config import ClientConfig
 from kcache.errors import KcacheError
 
+if TYPE_CHECKING:
+    from kcache_schemas.retention import GcReport
 
-def _client(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+
+def _client(args: argparse.Namespace, read_timeout_s: float = 30.0):  # type: ignore[no-untyped-def]
     from kcache.http import KcacheClient
 
     config = ClientConfig.from_env(url=args.url, token=args.token, namespace=args.namespace)
     if not config.url:
         raise SystemExit("kcache: no service URL: pass --url or set KCACHE_URL")
     # The CLI is interactive, not on a compile path: allow slower answers than the hooks do.
-    return KcacheClient(ClientConfig(**{**config.__dict__, "read_timeout_s": max(config.read_timeout_s, 30.0), "connect_timeout_s": max(config.connect_timeout_s, 5.0)}))
+    return KcacheClient(ClientConfig(**{**config.__dict__, "read_timeout_s": max(config.read_timeout_s, read_timeout_s), "connect_timeout_s": max(config.connect_timeout_s, 5.0)}))
 
 
 SERVE_ENTRY_POINTS = "kcache.serve"
@@ -308,6 +312,109 @@ def _keygen(args: argparse.Namespace) -> int:
     return 0
 
 
+def _gc(args: argparse.Namespace) -> int:
+    """Scan, plan and (unless --dry-run) evict on the service, then print the plan and the outcome."""
+    from kcache_schemas import wire
+    from kcache_schemas.retention import GcReport, GcRequest, parse_bytes, parse_duration
+
+    try:
+        request = GcRequest(
+            max_bytes=parse_bytes(args.max_bytes) if args.max_bytes is not None else None,
+            min_age_s=parse_duration(args.min_age) if args.min_age is not None else None,
+            older_than_s=parse_duration(args.older_than) if args.older_than is not None else None,
+            env=args.env, orphans=args.orphans, dry_run=args.dry_run,
+        )
+    except ValueError as exc:
+        raise SystemExit(f"kcache gc: {exc}") from None
+    # A GC of a large namespace on S3 takes minutes: the service answers when it is done.
+    client = _client(args, read_timeout_s=args.timeout)
+    body = client.post_json(wire.path(wire.GC, namespace=client.config.namespace), request.model_dump(exclude_none=True))
+    report = GcReport.model_validate(body)
+    print(report.model_dump_json(indent=2) if args.json else format_gc_report(report))
+    return 0
+
+
+def format_gc_report(r: GcReport) -> str:
+    """The plan (what, how many bytes, why) and what was done, for people."""
+    from datetime import datetime
+
+    from kcache_schemas.retention import REASON_BUDGET, REASON_ENV, REASON_TTL
+    from kcache_schemas.retention import format_bytes as size
+    from kcache_schemas.retention import format_duration as ago
+
+    p = r.policy
+
+    def amount(entries: int, nbytes: int, what: str = "items") -> str:
+        return f"{entries:>7} {what:6} {size(nbytes):>10}"
+
+    limits = ", ".join(f"{name} limit {size(v)}" for name, v in (("soft", p.soft_limit_bytes), ("hard", p.hard_limit_bytes)) if v is not None) or "no limit"
+    lines = [f"kcache gc: namespace {r.namespace!r}{' (dry run: nothing is deleted)' if r.dry_run else ''}",
+             f"  stored    {amount(r.before.entries, r.before.bytes)}   {limits}; min age {ago(p.min_age_s)}"]
+    why = {
+        REASON_ENV: "built for environment " + ", ".join(f"{k}={v}" for k, v in (r.env or {}).items()) if r.env else "built for an environment unused for " + ago(p.env_idle_s or 0),
+        REASON_TTL: f"not used for {ago(p.ttl_s or 0)}",
+        REASON_BUDGET: f"least recently used, down to {size(r.target_bytes or 0)}",
+    }
+    lines.append("  plan")
+    for reason in (REASON_ENV, REASON_TTL, REASON_BUDGET):
+        if reason in r.planned:
+            a = r.planned[reason]
+            lines.append(f"    {reason:7} {amount(a.entries, a.bytes)}   {why[reason]}")
+    if r.orphans.entries or not r.planned:
+        lines.append(f"    {'orphans':7} {amount(r.orphans.entries, r.orphans.bytes, 'blobs')}   no record references them" if r.orphans.entries else "    nothing to evict")
+    if r.kept_recent.entries:
+        lines.append(f"  kept      {amount(r.kept_recent.entries, r.kept_recent.bytes)}   used within the last {ago(p.min_age_s)} (min age)")
+    if r.kept_pinned.entries:
+        lines.append(f"  kept      {amount(r.kept_pinned.entries, r.kept_pinned.bytes)}   pinned: {', '.join(r.pins)}")
+    if r.items:
+        lines.append("  first evictions (least recently used first)")
+        now = r.started_at
+        for item in r.items[:20]:
+            used = datetime.fromtimestamp(item.last_used).strftime("%Y-%m-%d %H:%M")
+            lines.append(f"    {item.kind[:18]:18} {item.key[:52]:52} {size(item.size):>9}  last used {used} ({ago(max(0.0, now - item.last_used))} ago)  {item.reason}")
+        more = len(r.items) - 20 + r.more_items
+        if more > 0:
+            lines.append(f"    … and {more} more")
+    if not r.dry_run:
+        done = sum(a.entries for a in r.evicted.values()), sum(a.bytes for a in r.evicted.values())
+        lines.append(f"  done      evicted {done[0]} items ({size(done[1])}); {r.skipped} kept (used or replaced meanwhile); "
+                     f"{r.blobs_deleted.entries} blobs deleted ({size(r.blobs_deleted.bytes)}), {r.blobs_shared} kept (another record uses them)"
+                     + (f"; {r.orphans.entries} orphan blobs deleted ({size(r.orphans.bytes)})" if r.orphans.entries else ""))
+    lines.append(f"  {'after' if r.dry_run else 'now':9} {amount(r.after.entries, r.after.bytes)}   in {r.seconds:.2f} s")
+    lines += [f"  note: {n}" for n in r.notes]
+    return "\n".join(lines)
+
+
+def _pin(args: argparse.Namespace) -> int:
+    """Pin a workload (its kernels and entries are never evicted); without a name, list pins."""
+    from kcache_schemas import wire
+    from kcache_schemas.retention import Pin, PinList
+
+    client = _client(args)
+    ns = client.config.namespace
+    if not args.workload:
+        pins = PinList.model_validate(client.get_json(wire.path(wire.PINS, namespace=ns)))
+        for p in pins.items:
+            print(f"{p.workload:32}  pinned {p.pinned_at:%Y-%m-%d %H:%M}")
+        print(f"{len(pins.items)} pinned workloads in namespace {ns!r}", file=sys.stderr)
+        return 0
+    pin = Pin.model_validate(client.put_json(wire.path(wire.PIN, namespace=ns, name=args.workload), ""))
+    print(f"pinned workload {pin.workload!r} in namespace {ns!r} (since {pin.pinned_at:%Y-%m-%d %H:%M}): "
+          "the kernels and entries its runs list are never evicted")
+    return 0
+
+
+def _unpin(args: argparse.Namespace) -> int:
+    from kcache_schemas import wire
+
+    client = _client(args)
+    ns = client.config.namespace
+    # KcacheClient has no generic DELETE (the compile path never deletes); the CLI's one use.
+    client._request("DELETE", wire.path(wire.PIN, namespace=ns, name=args.workload))
+    print(f"unpinned workload {args.workload!r} in namespace {ns!r}: the GC may evict what only it kept")
+    return 0
+
+
 def _stats(args: argparse.Namespace) -> int:
     from kcache.report import stats_command
 
@@ -366,6 +473,24 @@ def build_parser() -> argparse.ArgumentParser:
     keygen.add_argument("--out", default="kcache-signing", metavar="PREFIX", help="writes PREFIX.key and PREFIX.pub (default kcache-signing)")
     keygen.add_argument("--comment", help="comment in the public key (default user@host)")
     keygen.set_defaults(func=_keygen)
+    gc = remote(sub.add_parser("gc", help="evict to the namespace's storage rules now: print the plan, then execute it (admin token)"))
+    gc.add_argument("--max-bytes", metavar="N", help="evict least recently used until the namespace holds at most N bytes (e.g. 40GB, 500MiB)")
+    gc.add_argument("--min-age", metavar="SECONDS", help="never evict what was used more recently (default: the namespace's, 1h); 0 allows everything")
+    gc.add_argument("--older-than", metavar="DURATION", help="evict what was not used for DURATION (e.g. 7d); with --env, only that environment's")
+    gc.add_argument("--env", metavar="FINGERPRINT", help="purge an environment: its id (kcache ls --workloads) or torch=..,triton=..,cuda=..,gpu_arch=..")
+    gc.add_argument("--orphans", action="store_true", help="also delete blobs no index record references (after a crash mid-write)")
+    gc.add_argument("--dry-run", action="store_true", help="print the plan only")
+    gc.add_argument("--json", action="store_true", help="the report as JSON")
+    gc.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for the service to finish (default 900)")
+    gc.set_defaults(func=_gc)
+
+    pin = remote(sub.add_parser("pin", help="pin a workload: its kernels and entries are never evicted (admin); no name: list pins"))
+    pin.add_argument("workload", nargs="?")
+    pin.set_defaults(func=_pin)
+
+    unpin = remote(sub.add_parser("unpin", help="unpin a workload (admin)"))
+    unpin.add_argument("workload")
+    unpin.set_defaults(func=_unpin)
 
     stats = remote(sub.add_parser("stats", help="cache-hit statistics of a stats file or a run; gate CI with --fail-under"))
     stats.add_argument("--file", help="stats file or dir written via KCACHE_STATS_FILE (default: $KCACHE_STATS_FILE)")

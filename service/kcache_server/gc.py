@@ -74,6 +74,9 @@ ORPHAN_LEASE = "gc-orphans"  # taken for orphan_interval and never released: one
 LEASE_TTL_S = 60.0
 _EVICT_BATCH = 500
 _REPORT_ITEMS = 100
+# A writer's claim younger than this is a write in flight (they take seconds), whatever min age
+# a sweep is asked for: the sweep releases only claims of writers that died.
+CLAIM_GRACE_S = 300.0
 _MIN_GAP_S = 1.0
 _STATUS_KEY = "last"
 ENV_FIELDS = ("torch", "triton", "cuda", "hip", "gpu_arch")
@@ -451,9 +454,10 @@ class Collector:
         claims = self.store.index.blob_refs([b.digest for b in candidates]) if candidates else {}
         orphans: list[BlobInfo] = []
         stale: dict[str, dict[str, str]] = {}
+        claim_cutoff = now - max(min_age, CLAIM_GRACE_S)
         for blob in candidates:
             held = claims.get(blob.digest, {})
-            if any(token_time(t) > cutoff for t in held.values()):
+            if any(token_time(t) > claim_cutoff for t in held.values()):
                 continue  # a writer claimed it recently: its record is about to commit
             if any(self._names(ref, blob.digest) for ref in held):
                 continue  # committed since our scan

@@ -63,7 +63,8 @@ _TOP_SCAN_LIMIT = 200_000
 # most _CLAIM_WAIT_S (a live GC holds it for one delete call), then answers 503.
 BLOB_DELETE_TTL_S = 60.0
 _CLAIM_WAIT_S = 10.0
-# The hard-limit check reads usage at most this stale (plus this process's own writes since).
+# The hard-limit check reads usage at most this stale (plus this process's own writes since),
+# and fresh within 10 % of the limit.
 _USAGE_TTL_S = 1.0
 
 
@@ -229,12 +230,15 @@ class CacheStore:
         kinds = self.index.usage().get(namespace, {})
         return _cache_amount(kinds)
 
-    def _cached_cache_bytes(self, namespace: str) -> int:
+    def _cached_cache_bytes(self, namespace: str, fresh_above: float) -> int:
+        """The namespace's cache bytes, at most _USAGE_TTL_S old, or read now if the cached value
+        is above ``fresh_above`` (close to a limit, other replicas' writes matter)."""
         with self._usage_lock:
-            if self._usage is None or time.monotonic() - self._usage[0] > _USAGE_TTL_S:
+            cached = self._usage
+            if cached is None or time.monotonic() - cached[0] > _USAGE_TTL_S or cached[1].get(namespace, 0) > fresh_above:
                 usage = self.index.usage()
-                self._usage = (time.monotonic(), {ns: _cache_amount(k).bytes for ns, k in usage.items()})
-            return self._usage[1].get(namespace, 0)
+                cached = self._usage = (time.monotonic(), {ns: _cache_amount(k).bytes for ns, k in usage.items()})
+            return cached[1].get(namespace, 0)
 
     def _count_usage(self, namespace: str, size: int) -> None:
         # Our own writes count at once; other replicas' within _USAGE_TTL_S.
@@ -249,7 +253,7 @@ class CacheStore:
         soft, hard = policy.soft_limit_bytes, policy.hard_limit_bytes
         if soft is None and hard is None:
             return
-        used = self._cached_cache_bytes(namespace)
+        used = self._cached_cache_bytes(namespace, fresh_above=(hard if hard is not None else float("inf")) * 0.9 - size)
         if soft is not None and used + size > soft:
             self.on_pressure(namespace)
         if hard is not None and used + size > hard:
