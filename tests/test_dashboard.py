@@ -216,7 +216,8 @@ def test_dashboard_in_chromium(tmp_path: Path, real_kernel_dirs: list[Path]) -> 
     signing = EntrySigning.from_config(ClientConfig(signing_private_key=str(tmp_path / "producer.key"), run_id="nightly-7"))
     assert signing is not None
     entry_key = "pt2:fx-graph-v1::fdashboard0123:c1"
-    with LiveService(tmp_path / "svc", tokens=TOKENS, producer_keys=json.dumps({"default": [public_line]})) as svc:
+    retention = json.dumps({"default": {"soft_limit": "1MB", "hard_limit": "2MB", "ttl": "30d"}, "gc_interval": "1h"})
+    with LiveService(tmp_path / "svc", tokens=TOKENS, producer_keys=json.dumps({"default": [public_line]}), retention=retention) as svc:
         signed = signing.seal("fx-graph", entry_key, b"a pickled graph")
         assert httpx.put(f"{svc.url}/v1/default/entries/fx-graph/{entry_key}", content=signed, headers=write).status_code == 201
         packs = {d.name: pack_kernel_dir(d)[1] for d in real_kernel_dirs}
@@ -280,6 +281,9 @@ def test_dashboard_in_chromium(tmp_path: Path, real_kernel_dirs: list[Path]) -> 
                 # Storage usage and top kernels.
                 usage = page.locator("#usage-table").inner_text()
                 assert "kernel" in usage and "run" in usage
+                budget = page.locator("#budget").inner_text()  # the namespace's budget and rules
+                assert f"({len(packs) + 1}) of 1.0 MB soft / 2.0 MB hard" in budget and "TTL 30.0 d" in budget  # + the signed entry
+                assert "No GC has run" in budget
                 assert page.locator("#top-table tbody tr").count() == len(packs)
                 page.click("#top-hits-btn")
                 expect(page.locator("#top-table tbody tr a").first).to_have_attribute("title", keys[0])

@@ -255,6 +255,9 @@ def test_blob_scan_lists_every_blob(blob_store: BlobStore) -> None:
     gone = next(iter(blobs))
     blob_store.delete(gone)
     assert {b.digest for b in blob_store.scan()} == set(blobs) - {gone}
+    rest = sorted(set(blobs) - {gone})
+    assert sorted(blob_store.delete_many([*rest, gone])) == sorted([*rest, gone])  # absent counts as gone
+    assert list(blob_store.scan()) == []
 
 
 def test_index_delete_unused_spares_what_was_used_or_replaced(index: Index) -> None:
@@ -296,6 +299,19 @@ def test_index_blob_refs_guard_deletion(index: Index) -> None:
     assert index.begin_blob_delete(d2, "gc-3", 0.2)  # a GC that died: its marker expires
     time.sleep(0.4)
     assert index.claim_blob(d2, "ref-d") is not None
+
+
+def test_index_blob_ref_batches(index: Index) -> None:
+    free, held = "1" * 64, "2" * 64
+    token = index.claim_blob(held, "r")
+    assert token is not None
+    assert index.begin_blob_deletes([free, held], "gc", 30) == [True, False]
+    assert index.claim_blob(free, "w") is None
+    index.end_blob_deletes([free, held], "gc")
+    t2 = index.claim_blob(free, "w")
+    assert t2 is not None
+    assert index.release_blobs([(held, "r", token), (free, "w", "stale"), (free, "w", t2)]) == [True, False, True]
+    assert index.blob_refs([free, held]) == {}
 
 
 def test_index_backfill_blob_refs_keeps_live_claims(index: Index) -> None:

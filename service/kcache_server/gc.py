@@ -479,14 +479,16 @@ class Collector:
             if added:
                 notes.append(f"added {added} missing blob references")
         deleted = Amount()
-        for i, blob in enumerate(plan.orphans):
-            if i % _EVICT_BATCH == 0 and not lease.keep():
+        for i in range(0, len(plan.orphans), _EVICT_BATCH):
+            if not lease.keep():
                 notes.append("stopped: the GC lease was lost (another replica took over)")
                 break
-            for ref, token in plan.stale_claims.get(blob.digest, {}).items():
-                store.index.release_blob(blob.digest, ref, token)
-            if store.delete_blob_if_unreferenced(blob.digest):
-                deleted = deleted.plus(blob.size)
+            batch = plan.orphans[i : i + _EVICT_BATCH]
+            store.index.release_blobs([(b.digest, ref, token) for b in batch for ref, token in plan.stale_claims.get(b.digest, {}).items()])
+            gone = set(store.delete_blobs_if_unreferenced([b.digest for b in batch]))
+            for blob in batch:
+                if blob.digest in gone:
+                    deleted = deleted.plus(blob.size)
         partial = store.blobs.remove_partial(plan.report.started_at - self.config.orphan_min_age)
         if partial:
             notes.append(f"removed {partial} partial writes")

@@ -64,7 +64,7 @@ _TOP_SCAN_LIMIT = 200_000
 BLOB_DELETE_TTL_S = 60.0
 _CLAIM_WAIT_S = 10.0
 # The hard-limit check reads usage at most this stale (plus this process's own writes since),
-# and fresh within 10 % of the limit.
+# and fresh once the namespace is past its soft limit.
 _USAGE_TTL_S = 1.0
 
 
@@ -253,7 +253,10 @@ class CacheStore:
         soft, hard = policy.soft_limit_bytes, policy.hard_limit_bytes
         if soft is None and hard is None:
             return
-        used = self._cached_cache_bytes(namespace, fresh_above=(hard if hard is not None else float("inf")) * 0.9 - size)
+        # Past the soft limit every upload reads usage afresh: the hard limit then holds across
+        # replicas up to the uploads in flight, and below it a second-old figure is plenty.
+        near = soft if soft is not None else float("inf")
+        used = self._cached_cache_bytes(namespace, fresh_above=near - size)
         if soft is not None and used + size > soft:
             self.on_pressure(namespace)
         if hard is not None and used + size > hard:
@@ -306,16 +309,19 @@ class CacheStore:
         tokens = self.index.blob_refs([r.digest for r in with_blob]) if with_blob else {}
         result = EvictResult(deleted=self.index.delete_unused(records))
         released: dict[str, int] = {}
+        releases: list[tuple[str, str, str]] = []
         for r, ok in zip(records, result.deleted, strict=True):
             if not ok or not r.digest:
                 continue
             ref = blob_ref(r.namespace, r.kind, r.key)
             token = tokens.get(r.digest, {}).get(ref)
             if token is not None:
-                self.index.release_blob(r.digest, ref, token)
+                releases.append((r.digest, ref, token))
             released[r.digest] = r.size
+        self.index.release_blobs(releases)
+        deleted = set(self.delete_blobs_if_unreferenced(list(released)))
         for digest, size in released.items():
-            if self.delete_blob_if_unreferenced(digest):
+            if digest in deleted:
                 result.blobs_deleted = result.blobs_deleted.plus(size)
             else:
                 result.blobs_shared += 1
@@ -346,21 +352,25 @@ class CacheStore:
         return added
 
     def delete_blob_if_unreferenced(self, digest: str) -> bool:
-        """Delete a blob under the index's deletion marker, which is only set while no record
-        (of any namespace) references it and which makes writers of the same bytes wait."""
-        if not self.refs_complete():
-            return False  # the GC backfills references first; until then nothing is deleted
+        return bool(self.delete_blobs_if_unreferenced([digest]))
+
+    def delete_blobs_if_unreferenced(self, digests: list[str]) -> list[str]:
+        """Delete blobs under the index's deletion markers, which are only set while no record
+        (of any namespace) references the blob and which make writers of the same bytes wait;
+        the digests deleted."""
+        if not digests or not self.refs_complete():
+            return []  # the GC backfills references first; until then nothing is deleted
         token = new_token()
         began = time.monotonic()
-        if not self.index.begin_blob_delete(digest, token, BLOB_DELETE_TTL_S):
-            return False
+        marked = [d for d, ok in zip(digests, self.index.begin_blob_deletes(digests, token, BLOB_DELETE_TTL_S), strict=True) if ok]
+        if not marked:
+            return []
         try:
             if time.monotonic() - began > BLOB_DELETE_TTL_S / 2:
-                return False  # a slow answer: the marker may expire under us; leave it for later
-            self.blobs.delete(digest)
-            return True
+                return []  # a slow answer: the markers may expire under us; leave them for later
+            return self.blobs.delete_many(marked)
         finally:
-            self.index.end_blob_delete(digest, token)
+            self.index.end_blob_deletes(marked, token)
 
     # ---- kernels ------------------------------------------------------------------------
 

@@ -133,6 +133,13 @@ class BlobStore(ABC):
         """A URL a client may GET the blob from directly, if the backend supports it."""
         return None
 
+    def delete_many(self, digests: Sequence[str]) -> builtins.list[str]:
+        """Delete blobs (absent is not an error); the digests that are gone now. Backends with a
+        bulk delete (S3's DeleteObjects) override this."""
+        for digest in digests:
+            self.delete(digest)
+        return builtins.list(digests)
+
     def remove_partial(self, older_than: float) -> int:
         """Remove leftovers of interrupted writes older than ``older_than`` (unix seconds); how
         many. Backends whose writes leave none (S3: an unfinished upload is a lifecycle rule's
@@ -225,6 +232,20 @@ class Index(ABC):
     @abstractmethod
     def end_blob_delete(self, digest: str, token: str) -> None:
         """Clear the deletion marker if it is still ours."""
+
+    # Batched forms, one round trip per batch where the backend allows; same semantics per item.
+
+    def release_blobs(self, releases: Sequence[tuple[str, str, str]]) -> builtins.list[bool]:
+        """:meth:`release_blob` for each ``(digest, ref, token)``."""
+        return [self.release_blob(d, ref, token) for d, ref, token in releases]
+
+    def begin_blob_deletes(self, digests: Sequence[str], token: str, ttl_s: float) -> builtins.list[bool]:
+        """:meth:`begin_blob_delete` for each digest, with one token."""
+        return [self.begin_blob_delete(d, token, ttl_s) for d in digests]
+
+    def end_blob_deletes(self, digests: Sequence[str], token: str) -> None:
+        for d in digests:
+            self.end_blob_delete(d, token)
 
     @abstractmethod
     def acquire_lease(self, name: str, token: str, ttl_s: float) -> bool:

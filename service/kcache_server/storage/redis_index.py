@@ -47,6 +47,7 @@ import json
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit, urlunsplit
@@ -69,6 +70,7 @@ T = TypeVar("T")
 
 DEFAULT_PREFIX = "kc"
 _BATCH = 500  # keys per pipeline / script call
+_CLUSTER_FANOUT = 8  # concurrent script calls where a cluster cannot pipeline them
 
 # KEYS: record, keys zset, stats.  ARGV: key, digest, size, meta, created_at, last_access, hits
 _PUT_IF_ABSENT = """
@@ -291,6 +293,28 @@ class RedisIndex(Index):
             self._redis()
             return self._scripts[name](keys=keys, args=args)
 
+    def _script_many(self, name: str, calls: Sequence[tuple[list[str], list[Any]]]) -> builtins.list[Any]:
+        """One script over many keys of different slots: pipelined on one server; Redis Cluster
+        refuses scripts in pipelines, so there a few threads overlap the round trips."""
+        if not calls:
+            return []
+        if not self.cluster:
+            out: builtins.list[Any] = []
+            for i in range(0, len(calls), _BATCH):
+
+                def run(r: Any, chunk: Sequence[tuple[list[str], list[Any]]] = calls[i : i + _BATCH]) -> builtins.list[Any]:
+                    pipe = r.pipeline(transaction=False)
+                    for keys, args in chunk:
+                        self._scripts[name](keys=keys, args=args, client=pipe)
+                    return builtins.list(pipe.execute())
+
+                with self._errors():
+                    self._redis()
+                    out += run(self._client)
+            return out
+        with ThreadPoolExecutor(max_workers=_CLUSTER_FANOUT, thread_name_prefix="kcache-redis") as pool:
+            return builtins.list(pool.map(lambda c: self._script(name, c[0], c[1]), calls))
+
     def _tag(self, namespace: str, kind: str) -> str:
         return f"{self.prefix}:{{{quote(namespace, safe='')}|{quote(kind, safe='/')}}}"
 
@@ -512,6 +536,17 @@ class RedisIndex(Index):
 
     def end_blob_delete(self, digest: str, token: str) -> None:
         self._script("delete_if_mine", self._blob_keys(digest)[1:], [token])
+
+    def release_blobs(self, releases: Sequence[tuple[str, str, str]]) -> builtins.list[bool]:
+        calls = [(self._blob_keys(d)[:1], [ref, token]) for d, ref, token in releases]
+        return [bool(x) for x in self._script_many("release", calls)]
+
+    def begin_blob_deletes(self, digests: Sequence[str], token: str, ttl_s: float) -> builtins.list[bool]:
+        ttl_ms = max(1, int(ttl_s * 1000))
+        return [bool(x) for x in self._script_many("begin_delete", [(self._blob_keys(d), [token, ttl_ms]) for d in digests])]
+
+    def end_blob_deletes(self, digests: Sequence[str], token: str) -> None:
+        self._script_many("delete_if_mine", [(self._blob_keys(d)[1:], [token]) for d in digests])
 
     def acquire_lease(self, name: str, token: str, ttl_s: float) -> bool:
         ttl_ms = max(1, int(ttl_s * 1000))

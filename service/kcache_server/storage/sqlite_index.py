@@ -268,6 +268,35 @@ class SqliteIndex(Index):
     def end_blob_delete(self, digest: str, token: str) -> None:
         self._query("DELETE FROM blob_deletes WHERE digest=? AND token=?", (digest, token))
 
+    def release_blobs(self, releases: Sequence[tuple[str, str, str]]) -> builtins.list[bool]:
+        try:
+            with self._transaction() as conn:
+                return [bool(conn.execute("DELETE FROM blob_refs WHERE digest=? AND ref=? AND token=? RETURNING ref", r).fetchall()) for r in releases]
+        except sqlite3.OperationalError as exc:
+            raise BackendUnavailable(self.name, str(exc)) from exc
+
+    def begin_blob_deletes(self, digests: Sequence[str], token: str, ttl_s: float) -> builtins.list[bool]:
+        now = time.time()
+        out: builtins.list[bool] = []
+        try:
+            with self._transaction() as conn:
+                for d in digests:
+                    busy = conn.execute("SELECT 1 FROM blob_refs WHERE digest=? LIMIT 1", (d,)).fetchone() or conn.execute(
+                        "SELECT 1 FROM blob_deletes WHERE digest=? AND expires>?", (d, now)).fetchone()
+                    if not busy:
+                        conn.execute("INSERT OR REPLACE INTO blob_deletes (digest, token, expires) VALUES (?,?,?)", (d, token, now + ttl_s))
+                    out.append(not busy)
+        except sqlite3.OperationalError as exc:
+            raise BackendUnavailable(self.name, str(exc)) from exc
+        return out
+
+    def end_blob_deletes(self, digests: Sequence[str], token: str) -> None:
+        try:
+            with self._transaction() as conn:
+                conn.executemany("DELETE FROM blob_deletes WHERE digest=? AND token=?", [(d, token) for d in digests])
+        except sqlite3.OperationalError as exc:
+            raise BackendUnavailable(self.name, str(exc)) from exc
+
     def acquire_lease(self, name: str, token: str, ttl_s: float) -> bool:
         now = time.time()
         rows = self._query(

@@ -241,6 +241,40 @@
       el("tbody", {}, ...rows)));
   }
 
+  // Budget (soft/hard limit) against what kernels and entries use, pins, the last GC.
+  const fmtAge = (s) => (s >= 86400 ? (s / 86400).toFixed(1) + " d" : s >= 3600 ? (s / 3600).toFixed(1) + " h" : s >= 60 ? Math.round(s / 60) + " min" : Math.round(s) + " s");
+
+  async function loadRetention() {
+    const gc = await api(nsPath("gc"));
+    const p = gc.policy;
+    const parts = [];
+    const limit = p.hard_limit_bytes || p.soft_limit_bytes;
+    const head = el("div", { id: "budget-line" }, "Kernels and entries: " + fmtBytes(gc.usage.bytes) + " (" + gc.usage.entries + ")");
+    if (limit) {
+      head.append(" of " + [p.soft_limit_bytes ? fmtBytes(p.soft_limit_bytes) + " soft" : "", p.hard_limit_bytes ? fmtBytes(p.hard_limit_bytes) + " hard" : ""].filter(Boolean).join(" / "));
+      const bar = el("div", { class: "bar" + (gc.usage.bytes > (p.soft_limit_bytes || limit) ? " over" : "") });
+      bar.style.width = Math.min(100, (100 * gc.usage.bytes) / limit) + "%";
+      parts.push(head, el("div", { class: "budget-bar" }, bar));
+    } else {
+      head.append(" · no budget");
+      parts.push(head);
+    }
+    const rules = ["min age " + fmtAge(p.min_age_s)];
+    if (p.ttl_s) rules.push("TTL " + fmtAge(p.ttl_s));
+    if (p.env_idle_s) rules.push("environments idle " + fmtAge(p.env_idle_s) + " purged");
+    if (gc.pins.length) rules.push("pinned: " + gc.pins.join(", "));
+    parts.push(el("div", { class: "muted" }, rules.join(" · ")));
+    const last = gc.last_run;
+    if (last) {
+      const evicted = Object.entries(last.evicted).map(([why, a]) => a.entries + " " + why + " (" + fmtBytes(a.bytes) + ")");
+      const oldest = last.oldest_used ? " · oldest item used " + fmtAge(Date.now() / 1000 - last.oldest_used) + " ago" : "";
+      parts.push(el("div", { id: "last-gc", class: "muted" }, "Last GC " + fmtTime(last.started_at) + " UTC (" + last.trigger + ", " + last.seconds.toFixed(2) + " s): evicted " + (evicted.join(", ") || "nothing") + oldest));
+    } else {
+      parts.push(el("div", { id: "last-gc", class: "muted" }, "No GC has run in this namespace yet."));
+    }
+    $("budget").replaceChildren(...parts);
+  }
+
   async function loadTop() {
     $("top-size-btn").classList.toggle("active", state.topBy === "size");
     $("top-hits-btn").classList.toggle("active", state.topBy === "hits");
@@ -388,7 +422,7 @@
     try {
       if (!(await loadNamespaces())) return;
       location.hash = "ns=" + encodeURIComponent(state.ns);
-      await Promise.all([loadRuns(), loadUsage(), loadTop()]);
+      await Promise.all([loadRuns(), loadUsage(), loadRetention(), loadTop()]);
       status("");
       document.body.dataset.loaded = "1";
     } catch (e) {
