@@ -172,5 +172,7 @@ def test_rendered_config_is_accepted_by_the_server_settings(
         assert settings.max_unpacked_bytes == 1073741824
         assert settings.backend_timeout_s == 2.5
         assert settings.presign_expires_s == 600
+        assert settings.retention_config.policy("team-a").hard_limit_bytes == 60 << 30
+        assert settings.retention_config.policy("team-b").env_idle_s == 30 * 86400
         assert settings.index_url.startswith("redis+cluster://:")  # the Secret's URL won
         assert {g.name for g in settings.grants} >= {"ops"}

@@ -6,6 +6,7 @@ backend this machine can run; each backend gets exactly these tests.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import threading
@@ -170,6 +171,8 @@ def test_index_list_pagination_and_prefix(index: Index) -> None:
         after = page[-1].key
     assert seen == keys
     assert [r.key for r in index.list("ns1", "kernel", prefix="AB", limit=100)] == [k for k in keys if k.startswith("AB")]
+    full, lean = index.list("ns1", "kernel", limit=3), index.list("ns1", "kernel", limit=3, meta=False)
+    assert [r.meta for r in lean] == ["", "", ""] and [dataclasses.replace(r, meta="") for r in full] == lean
 
 
 def test_index_touch_counts_hits(index: Index) -> None:

@@ -380,7 +380,7 @@ def format_gc_report(r: GcReport) -> str:
         lines.append(f"  done      evicted {done[0]} items ({size(done[1])}); {r.skipped} kept (used or replaced meanwhile); "
                      f"{r.blobs_deleted.entries} blobs deleted ({size(r.blobs_deleted.bytes)}), {r.blobs_shared} kept (another record uses them)"
                      + (f"; {r.orphans.entries} orphan blobs deleted ({size(r.orphans.bytes)})" if r.orphans.entries else ""))
-    lines.append(f"  {'after' if r.dry_run else 'now':9} {amount(r.after.entries, r.after.bytes)}   in {r.seconds:.2f} s")
+    lines.append(f"  {'after' if r.dry_run else 'now':9} {amount(r.after.entries, r.after.bytes)}   in {r.seconds:.3f} s")
     lines += [f"  note: {n}" for n in r.notes]
     return "\n".join(lines)
 

@@ -193,6 +193,8 @@ class Collector:
         self.config = store.retention
         # Called with every finished (not dry) run: metrics.
         self.observers: list[Callable[[GcReport], None]] = []
+        # Set at shutdown: a running pass stops between batches (what it did so far stands).
+        self.stopping = threading.Event()
 
     # ---- entry points -----------------------------------------------------------------------
 
@@ -215,12 +217,14 @@ class Collector:
         reports = []
         try:
             for namespace in sorted(self.store.namespaces()):
+                if self.stopping.is_set():
+                    break
                 if policy_active(self.config.policy(namespace)):
                     reports.append(self._run_leased(namespace, GcRequest(), trigger, lease, None))
                 if not lease.keep():
                     break
             interval = self.config.orphan_interval
-            if interval and lease.keep() and self.store.index.acquire_lease(ORPHAN_LEASE, new_token(), interval):
+            if interval and not self.stopping.is_set() and lease.keep() and self.store.index.acquire_lease(ORPHAN_LEASE, new_token(), interval):
                 reports.append(self._sweep_orphans(trigger, lease))
         finally:
             lease.release()
@@ -369,10 +373,12 @@ class Collector:
         for kind in kinds:
             if not is_cache_kind(kind):
                 continue
-            for r in store.iter_records(namespace, kind):
+            # Without their JSON unless an environment purge needs what kernels say of theirs.
+            for r in store.iter_records(namespace, kind, meta=need_envs):
                 if need_envs:
                     own_env[(r.kind, r.key)] = own_environment(r)
-                records.append(dataclasses.replace(r, meta=""))  # 100k records: keep memory small
+                    r = dataclasses.replace(r, meta="")  # 100k records: keep memory small
+                records.append(r)
         runs: list[tuple[IndexRecord, WorkloadManifest]] = []
         for kind in kinds:
             if kind.split("/", 1)[0] == WORKLOAD:
@@ -405,6 +411,9 @@ class Collector:
         skipped, shared = 0, 0
         blobs_deleted = Amount()
         for i in range(0, len(plan.evictions), _EVICT_BATCH):
+            if self.stopping.is_set():
+                notes.append("stopped: the service is shutting down")
+                break
             if not lease.keep():
                 notes.append("stopped: the GC lease was lost (another replica took over)")
                 break
@@ -438,7 +447,7 @@ class Collector:
     def _iter_all_records(self) -> Iterator[IndexRecord]:
         for namespace, kinds in self.store.index.usage().items():
             for kind in kinds:
-                yield from self.store.iter_records(namespace, kind)
+                yield from self.store.iter_records(namespace, kind, meta=False)
 
     def _find_orphans(self, now: float, min_age: float) -> tuple[list[BlobInfo], dict[str, dict[str, str]], list[tuple[str, str]]]:
         """Blobs older than ``min_age`` that no record names and no live writer claims; and every
@@ -548,5 +557,6 @@ class GcScheduler:
 
     def close(self) -> None:
         self._stop.set()
+        self.collector.stopping.set()
         self._wake.set()
         self._thread.join(timeout=30)

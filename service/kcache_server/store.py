@@ -162,6 +162,7 @@ class CacheStore:
         self._usage_lock = threading.Lock()
         self._usage: tuple[float, dict[str, int]] | None = None  # (when read, cache bytes per namespace)
         self._refs_complete = False
+        self._refs_checked = False
 
     def close(self) -> None:
         self.access.close()
@@ -181,6 +182,9 @@ class CacheStore:
         if existing is not None:
             return self._resolve_existing(existing, record)
         self._check_budget(record.namespace, len(data))
+        if not self._refs_checked:  # once per process: a fresh index is complete from its first write
+            self._refs_checked = True
+            self.refs_complete()
         ref = blob_ref(record.namespace, record.kind, record.key)
         # The claim comes first: from here on no GC starts deleting this blob, and one already
         # deleting it has finished (claim waits), so the blob written below stays.
@@ -345,7 +349,7 @@ class CacheStore:
         added = 0
         for namespace, kinds in self.index.usage().items():
             for kind in kinds:
-                batch = [(r.digest, blob_ref(r.namespace, r.kind, r.key)) for r in self.iter_records(namespace, kind) if r.digest]
+                batch = [(r.digest, blob_ref(r.namespace, r.kind, r.key)) for r in self.iter_records(namespace, kind, meta=False) if r.digest]
                 added += self.index.backfill_blob_refs(batch) if batch else 0
         self.index.set_blob_refs_complete()
         self._refs_complete = True
@@ -565,11 +569,11 @@ class CacheStore:
             records.append(record)
         return records
 
-    def iter_records(self, namespace: str, kind: str) -> Iterator[IndexRecord]:
-        """Every record of a kind, one index page at a time."""
+    def iter_records(self, namespace: str, kind: str, meta: bool = True) -> Iterator[IndexRecord]:
+        """Every record of a kind, one index page at a time (``meta=False``: without their JSON)."""
         after = ""
         while True:
-            page = self.index.list(namespace, kind, after=after, limit=_PAGE)
+            page = self.index.list(namespace, kind, after=after, limit=_PAGE, meta=meta)
             if not page:
                 return
             yield from page

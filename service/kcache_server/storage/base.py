@@ -175,9 +175,10 @@ class Index(ABC):
 
     @abstractmethod
     def list(
-        self, namespace: str, kind: str, *, after: str = "", prefix: str = "", limit: int = 100
+        self, namespace: str, kind: str, *, after: str = "", prefix: str = "", limit: int = 100, meta: bool = True
     ) -> list[IndexRecord]:
-        """Records ordered by key, strictly after ``after``, keys starting with ``prefix``."""
+        """Records ordered by key, strictly after ``after``, keys starting with ``prefix``; with
+        ``meta=False`` their ``meta`` is ``""`` (a GC scan needs only sizes and times)."""
 
     @abstractmethod
     def touch(self, namespace: str, kind: str, keys: Iterable[str], when: float) -> None:

@@ -71,6 +71,7 @@ T = TypeVar("T")
 DEFAULT_PREFIX = "kc"
 _BATCH = 500  # keys per pipeline / script call
 _CLUSTER_FANOUT = 8  # concurrent script calls where a cluster cannot pipeline them
+_LEAN_FIELDS = ["digest", "size", "created_at", "last_access", "hits"]
 
 # KEYS: record, keys zset, stats.  ARGV: key, digest, size, meta, created_at, last_access, hits
 _PUT_IF_ABSENT = """
@@ -349,7 +350,7 @@ class RedisIndex(Index):
             hits=int(h.get("hits") or 0),
         )
 
-    def _hgetall_many(self, namespace: str, kind: str, keys: list[str]) -> dict[str, IndexRecord]:
+    def _hgetall_many(self, namespace: str, kind: str, keys: list[str], meta: bool = True) -> dict[str, IndexRecord]:
         found: dict[str, IndexRecord] = {}
         for i in range(0, len(keys), _BATCH):
             chunk = keys[i : i + _BATCH]
@@ -357,10 +358,15 @@ class RedisIndex(Index):
             def fetch(r: Any, chunk: list[str] = chunk) -> list[Any]:
                 pipe = r.pipeline(transaction=False)
                 for k in chunk:
-                    pipe.hgetall(self._rec_key(namespace, kind, k))
+                    if meta:
+                        pipe.hgetall(self._rec_key(namespace, kind, k))
+                    else:  # the GC's scan: the small fields only, not the 1-2 KB of JSON
+                        pipe.hmget(self._rec_key(namespace, kind, k), _LEAN_FIELDS)
                 return list(pipe.execute())
 
             for k, h in zip(chunk, self._run(fetch), strict=True):
+                if not meta:
+                    h = {f: v for f, v in zip(_LEAN_FIELDS, h, strict=True) if v is not None} | {"meta": ""}
                 rec = self._record(namespace, kind, k, h)
                 if rec is not None:
                     found[k] = rec
@@ -407,7 +413,7 @@ class RedisIndex(Index):
         return bool(self._script("delete", keys, [key, digest or ""]))
 
     def list(
-        self, namespace: str, kind: str, *, after: str = "", prefix: str = "", limit: int = 100
+        self, namespace: str, kind: str, *, after: str = "", prefix: str = "", limit: int = 100, meta: bool = True
     ) -> list[IndexRecord]:
         zkey = f"{self._tag(namespace, kind)}:keys"
         # Lexicographic ranges compare raw bytes, like SQLite's BINARY collation and Python's
@@ -424,7 +430,7 @@ class RedisIndex(Index):
             )
             if not keys:
                 break
-            found = self._hgetall_many(namespace, kind, keys)
+            found = self._hgetall_many(namespace, kind, keys, meta)
             # A key whose record vanished between the two reads was deleted concurrently: skip it.
             out += [found[k] for k in keys if k in found]
             if len(keys) < want:

@@ -137,9 +137,10 @@ class SqliteIndex(Index):
         return bool(self._query(sql + " RETURNING key", args))
 
     def list(
-        self, namespace: str, kind: str, *, after: str = "", prefix: str = "", limit: int = 100
+        self, namespace: str, kind: str, *, after: str = "", prefix: str = "", limit: int = 100, meta: bool = True
     ) -> list[IndexRecord]:
-        sql = f"SELECT {_COLUMNS} FROM records WHERE namespace=? AND kind=? AND key>?"
+        columns = _COLUMNS if meta else _COLUMNS.replace("meta,", "'' AS meta,")
+        sql = f"SELECT {columns} FROM records WHERE namespace=? AND kind=? AND key>?"
         args: list[object] = [namespace, kind, after]
         if prefix:
             # Range scan instead of LIKE, so '%' and '_' in prefixes mean themselves.
