@@ -273,10 +273,12 @@ class Collector:
         def eligible(r: IndexRecord, idle_since: float) -> bool:
             return (r.kind, r.key) not in scan.pinned and r.last_used <= min(recent, idle_since)
 
+        fields_of = {fp_id: fingerprint_fields(fp) for fp_id, fp in scan.fingerprints.items()}
+
         def item_matches(selector: dict[str, str], r: IndexRecord) -> bool:
             fps = scan.item_fps.get((r.kind, r.key))
             if fps:
-                return all(_matches(selector, fingerprint_fields(scan.fingerprints[f])) for f in fps)
+                return all(_matches(selector, fields_of[f]) for f in fps)
             return _matches(selector, scan.own_env.get((r.kind, r.key), {}))
 
         def purge(selector: dict[str, str], idle_since: float) -> None:

@@ -71,7 +71,6 @@ T = TypeVar("T")
 DEFAULT_PREFIX = "kc"
 _BATCH = 500  # keys per pipeline / script call
 _CLUSTER_FANOUT = 8  # concurrent script calls where a cluster cannot pipeline them
-_LEAN_FIELDS = ["digest", "size", "created_at", "last_access", "hits"]
 
 # KEYS: record, keys zset, stats.  ARGV: key, digest, size, meta, created_at, last_access, hits
 _PUT_IF_ABSENT = """
@@ -149,6 +148,20 @@ end
 return out
 """
 
+# KEYS: records (one slot). Per record "digest size created_at last_access hits", "" if absent.
+_LEAN = """
+local out = {}
+for i, k in ipairs(KEYS) do
+  local v = redis.call('HMGET', k, 'digest', 'size', 'created_at', 'last_access', 'hits')
+  if v[1] then
+    out[i] = v[1] .. ' ' .. v[2] .. ' ' .. v[3] .. ' ' .. (v[4] or '0') .. ' ' .. (v[5] or '0')
+  else
+    out[i] = ''
+  end
+end
+return out
+"""
+
 # KEYS: refs, del (the digest's slot).  ARGV: ref, token
 _CLAIM = """
 if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
@@ -198,7 +211,7 @@ def _scripts_for(client: Any) -> dict[str, Any]:
     sources = {
         "put": _PUT_IF_ABSENT, "upsert": _UPSERT, "delete": _DELETE, "touch": _TOUCH,
         "delete_unused": _DELETE_UNUSED, "claim": _CLAIM, "release": _RELEASE,
-        "begin_delete": _BEGIN_DELETE, "delete_if_mine": _DELETE_IF_MINE, "acquire": _ACQUIRE,
+        "begin_delete": _BEGIN_DELETE, "delete_if_mine": _DELETE_IF_MINE, "acquire": _ACQUIRE, "lean": _LEAN,
     }
     return {name: client.register_script(src) for name, src in sources.items()}
 
@@ -355,18 +368,24 @@ class RedisIndex(Index):
         for i in range(0, len(keys), _BATCH):
             chunk = keys[i : i + _BATCH]
 
+            if not meta:
+                # The GC's scan: the small fields only, not the 1-2 KB of JSON, one string per
+                # record from one script call per chunk (a third of the time of a pipeline of
+                # HMGETs, which spends it building and parsing commands in Python).
+                lean = self._script("lean", [self._rec_key(namespace, kind, k) for k in chunk], [])
+                for k, line in zip(chunk, lean, strict=True):
+                    if line:
+                        digest, size, created, last, hits = line.split(" ")
+                        found[k] = IndexRecord(namespace, kind, k, digest, int(size), "", float(created), float(last), int(hits))
+                continue
+
             def fetch(r: Any, chunk: list[str] = chunk) -> list[Any]:
                 pipe = r.pipeline(transaction=False)
                 for k in chunk:
-                    if meta:
-                        pipe.hgetall(self._rec_key(namespace, kind, k))
-                    else:  # the GC's scan: the small fields only, not the 1-2 KB of JSON
-                        pipe.hmget(self._rec_key(namespace, kind, k), _LEAN_FIELDS)
+                    pipe.hgetall(self._rec_key(namespace, kind, k))
                 return list(pipe.execute())
 
             for k, h in zip(chunk, self._run(fetch), strict=True):
-                if not meta:
-                    h = {f: v for f, v in zip(_LEAN_FIELDS, h, strict=True) if v is not None} | {"meta": ""}
                 rec = self._record(namespace, kind, k, h)
                 if rec is not None:
                     found[k] = rec
