@@ -181,7 +181,7 @@ class CacheStore:
             existing = None
         if existing is not None:
             return self._resolve_existing(existing, record)
-        self._check_budget(record.namespace, len(data))
+        self._check_storage_limit(record.namespace, len(data))
         if not self._refs_checked:  # once per process: a fresh index is complete from its first write
             self._refs_checked = True
             self.refs_complete()
@@ -250,7 +250,7 @@ class CacheStore:
             if self._usage is not None:
                 self._usage[1][namespace] = self._usage[1].get(namespace, 0) + size
 
-    def _check_budget(self, namespace: str, size: int) -> None:
+    def _check_storage_limit(self, namespace: str, size: int) -> None:
         """Refuse (507) an upload that would take the namespace past its hard limit; wake the GC
         once it is past its soft limit. Free when the namespace has no limits."""
         policy = self.retention.policy(namespace)
