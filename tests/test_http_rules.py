@@ -86,6 +86,9 @@ def test_openapi_documents_the_error_responses(client: httpx.Client) -> None:
     assert {400, 401, 403, 408, 409, 413, 422, 503} <= {int(s) for s in ops[("PUT", "/v1/{namespace}/kernels/{key}")]["responses"]}
     assert {404, 413} <= {int(s) for s in ops[("GET", "/v1/{namespace}/kernels/{key}/files/{filename}")]["responses"]}
     assert 404 in {int(s) for s in ops[("HEAD", "/v1/{namespace}/entries/{layer}/{key}")]["responses"]}
+    assert 507 in {int(s) for s in ops[("PUT", "/v1/{namespace}/entries/{layer}/{key}")]["responses"]}  # storage limit
+    gc = ops[("POST", "/v1/{namespace}/gc")]["responses"]
+    assert "another gc" in gc["409"]["description"].lower() and "507" not in gc
 
 
 _VALIDATORS: dict[str, Callable[[str], str]] = {

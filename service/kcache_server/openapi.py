@@ -9,7 +9,8 @@ Added to FastAPI's document, by rule:
 * ``/v1`` operations: ``401`` (with ``WWW-Authenticate``) and ``503`` (backend unavailable, or the
   replica's memory budget spent; with ``Retry-After``); with a namespace also ``403``; with path
   parameters or a body ``400``; on one item (GET, HEAD, DELETE) ``404``; kernel and entry
-  uploads ``409`` (write-once); operations with a body ``408`` (body deadline); the routes with
+  uploads ``409`` (write-once) and ``507`` (the namespace's hard storage limit), a GC run ``409``
+  (another holds the lease); operations with a body ``408`` (body deadline); the routes with
   size limits ``413``;
 * each path parameter's rule as a ``pattern`` (the validators' own regular expressions).
 """
@@ -42,7 +43,10 @@ _DESCRIPTIONS = {
     413: "Too large: the body, or what the pack unpacks to",
     422: "The body or a query parameter fails its schema",
     503: "A storage backend is unavailable, or the replica's memory budget is spent: retry later",
+    507: "The namespace is at its hard storage limit (KCACHE_RETENTION): retry once the GC made room",
 }
+# Where a status means something else than its usual description.
+_DESCRIPTION_FOR = {(409, "post", wire.GC): "Another GC is running (one at a time across replicas): retry later"}
 _HEADERS = {
     401: {"WWW-Authenticate": {"description": 'Bearer realm="kcache"', "schema": {"type": "string"}}},
     408: {"Connection": {"description": "close", "schema": {"type": "string"}}},
@@ -50,6 +54,7 @@ _HEADERS = {
 }
 _SIZE_LIMITED = {("put", wire.KERNEL), ("put", wire.ENTRY), ("post", wire.RUN_STATS), ("get", wire.KERNEL_FILE)}
 _WRITE_ONCE = {("put", wire.KERNEL), ("put", wire.ENTRY)}
+_STORAGE_LIMITED = _WRITE_ONCE  # uploads count against the namespace's storage limits
 _ONE_ITEM = ("{key}", "{name}", "{run_id}")
 
 
@@ -60,7 +65,7 @@ def _param_pattern(path: str, name: str) -> str | None:
         "namespace": NAMESPACE_PATTERN,
         "layer": LAYER_PATTERN,
         "filename": FILENAME_PATTERN,
-        "name": WORKLOAD_NAME_PATTERN if path.startswith(wire.WORKLOADS) else None,
+        "name": WORKLOAD_NAME_PATTERN if path.startswith((wire.WORKLOADS, wire.PINS)) else None,
         "run_id": RUN_ID_PATTERN,
     }.get(name)
 
@@ -78,8 +83,10 @@ def error_statuses(path: str, method: str, operation: dict[str, Any]) -> set[int
         statuses.add(400)
     if method in ("get", "head", "delete") and any(p in path for p in _ONE_ITEM):
         statuses.add(404)
-    if (method, path) in _WRITE_ONCE:
+    if (method, path) in _WRITE_ONCE or (method, path) == ("post", wire.GC):
         statuses.add(409)
+    if (method, path) in _STORAGE_LIMITED:
+        statuses.add(507)
     if has_body:
         statuses.add(408)
     if (method, path) in _SIZE_LIMITED:
@@ -100,7 +107,7 @@ def document(schema: dict[str, Any]) -> dict[str, Any]:
             responses = operation.setdefault("responses", {})
             for status in sorted(error_statuses(path, method, operation)):
                 response: dict[str, Any] = {
-                    "description": _DESCRIPTIONS[status],
+                    "description": _DESCRIPTION_FOR.get((status, method, path), _DESCRIPTIONS[status]),
                     "content": {"application/json": {"schema": _ERROR_REF}},
                 }
                 if status in _HEADERS:
