@@ -104,7 +104,7 @@ class EvictResult:
 class AccessRecorder:
     """Counts hits in memory and flushes them to the index in the background.
 
-    Last-access and hit counts feed pruning and the dashboard; writing them on every GET would
+    Last-access and hit counts feed the GC's eviction order and the dashboard; writing them on every GET would
     put an index write on the hot read path, so they are batched (bazel-remote does the same).
     """
 
