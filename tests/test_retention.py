@@ -497,6 +497,31 @@ def test_an_upload_past_the_hard_limit_is_507_and_wakes_the_gc(tmp_path: Path, k
         assert f'kcache_storage_oldest_item_age_seconds{{namespace="{NS}"}}' in metrics
 
 
+def test_a_full_namespace_refuses_uploads_but_never_opens_the_clients_breaker(tmp_path: Path, kernels: list[Kernel]) -> None:
+    """507 is the service answering: counting it as a failure opened the breaker after three
+    refused uploads, and the job's reads stopped too."""
+    from kcache.config import ClientConfig
+    from kcache.errors import StorageFull
+    from kcache.http import KcacheClient
+    from live import LiveService
+
+    first = kernels[0]
+    room = len(first.pack) + 16  # the first kernel fits, no second one does
+    rules = {"default": {"soft_limit": room, "hard_limit": room, "min_age": "1h"}, "gc_interval": "1h", "orphan_interval": None}
+    with LiveService(tmp_path / "svc", retention=json.dumps(rules)) as svc:
+        assert httpx.put(f"{svc.url}/v1/{NS}/kernels/{first.key}", content=first.pack).status_code == 201
+        client = KcacheClient(ClientConfig(url=svc.url, namespace=NS, breaker_failures=2))
+        try:
+            for k in kernels[1:]:
+                with pytest.raises(StorageFull, match="hard limit"):
+                    client.put_pack(k.key, k.pack)
+            assert len(kernels) - 1 > client.config.breaker_failures
+            assert client.breaker.state == "closed"
+            assert client.get_pack(first.key) == first.pack  # reads go on
+        finally:
+            client.close()
+
+
 def test_gc_and_pins_over_rest_need_admin(tmp_path: Path, kernels: list[Kernel]) -> None:
     tokens = json.dumps([{"token": ADMIN_TOKEN, "scopes": ["admin"]}, {"token": WRITE_TOKEN, "scopes": ["write"]}])
     settings = Settings(data_dir=tmp_path / "svc", tokens=tokens)

@@ -409,8 +409,7 @@ def _unpin(args: argparse.Namespace) -> int:
 
     client = _client(args)
     ns = client.config.namespace
-    # KcacheClient has no generic DELETE (the compile path never deletes); the CLI's one use.
-    client._request("DELETE", wire.path(wire.PIN, namespace=ns, name=args.workload))
+    client.delete(wire.path(wire.PIN, namespace=ns, name=args.workload))
     print(f"unpinned workload {args.workload!r} in namespace {ns!r}: the GC may evict what only it kept")
     return 0
 

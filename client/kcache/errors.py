@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import httpx
 from kcache_schemas import ErrorBody, ErrorCode
+from kcache_schemas.errors import STATUS
 
 
 class KcacheError(Exception):
@@ -38,6 +39,10 @@ class SignatureRefused(KcacheError):
     """The namespace takes only entries signed by its registered producer keys, and ours is not."""
 
 
+class StorageFull(KcacheError):
+    """The namespace is at its storage limit (507): the upload is refused; reads go on."""
+
+
 class InvalidPack(KcacheError):
     """A pack from the service failed verification; nothing was written."""
 
@@ -57,6 +62,8 @@ def raise_for_status(response: httpx.Response) -> None:
         return
     err = ErrorBody.parse(response.content)
     code, message = (err.code, err.message) if err is not None else ("", response.text[:300])
+    if code == ErrorCode.INSUFFICIENT_STORAGE.value or response.status_code == STATUS[ErrorCode.INSUFFICIENT_STORAGE]:
+        raise StorageFull(f"HTTP {response.status_code} {code}: {message}")
     if response.status_code >= 500:
         raise ServiceUnavailable(f"HTTP {response.status_code}: {message}")
     exc = _BY_CODE.get(code)

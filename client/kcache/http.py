@@ -15,7 +15,15 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 import httpx
-from kcache_schemas import EntryInfo, InvalidKeyError, KernelEntry, normalize_kernel_key, wire
+from kcache_schemas import (
+    EntryInfo,
+    ErrorCode,
+    InvalidKeyError,
+    KernelEntry,
+    normalize_kernel_key,
+    wire,
+)
+from kcache_schemas.errors import STATUS
 from kcache_schemas.pack import DEFAULT_LIMITS, MEDIA_TYPE
 
 from kcache import __version__
@@ -29,6 +37,9 @@ _BATCH_GET = 1_000
 _MIN_RATE = 1 << 20
 # Nothing the service sends is larger than a pack at the client's own unpack limit.
 _MAX_BODY = DEFAULT_LIMITS.max_unpacked_bytes + (64 << 20)
+# 5xx answers from a healthy service: a namespace at its storage limit (507) refuses uploads, and
+# reads go on. Counting them as failures would open the breaker and stop the reads too.
+_ANSWERS = frozenset({STATUS[ErrorCode.INSUFFICIENT_STORAGE]})
 # Describe the wire encoding of the body, not the decoded bytes we hand on.
 _BODY_HEADERS = {"content-encoding", "content-length", "transfer-encoding"}
 
@@ -109,7 +120,7 @@ class KcacheClient:
                     break  # a service that let a whole deadline pass won't answer a retry sooner
             else:
                 self._last_refused = False
-                if response.status_code < 500:
+                if response.status_code < 500 or response.status_code in _ANSWERS:
                     self.breaker.success()
                     raise_for_status(response)
                     return response
@@ -250,3 +261,7 @@ class KcacheClient:
     def post_json(self, path: str, body: Any) -> Any:
         r = self._request("POST", path, content=json.dumps(body), headers={"Content-Type": "application/json"})
         return r.json() if r.content else None
+
+    def delete(self, path: str) -> None:
+        """Remove a resource (admin routes: pins); NotFound if there is none."""
+        self._request("DELETE", path)
