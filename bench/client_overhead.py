@@ -42,8 +42,6 @@ WORK = REPO / "bench" / ".work" / "client_overhead"
 TARGET_S = 0.050
 NEVER_CONTACTED = "http://127.0.0.1:9"  # start-up never talks to the service
 
-sys.path.insert(0, str(REPO / "tests"))  # netfaults: the real refused-port and blackhole servers
-
 
 def base_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("KCACHE_")}
@@ -191,9 +189,8 @@ def one_process(src: Path, url: str, n: int, extra_env: dict[str, str]) -> dict[
 
 
 def process_overhead(n: int, repeats: int) -> dict[str, Any]:
-    from netfaults import FaultServer
-
-    from bench.corpus import compile_small
+    from kcache_testkit.corpus import compile_small
+    from kcache_testkit.netfaults import FaultServer  # the real refused-port and blackhole servers
 
     src = WORK / "triton"
     dirs = compile_small(src, count=n, arch=90)

@@ -3,7 +3,7 @@
 Benchmarks are not tests: each one prints its figures and the ratios against its baselines
 measured in the same run, and writes ``bench/results/<name>.json`` with a description of the
 machine. Servers (``kcache serve``, SeaweedFS, Redis, nginx) run as subprocesses on free
-loopback ports; SeaweedFS and Redis are started with the helpers of ``tests/servers.py``.
+loopback ports, started with :mod:`kcache_testkit` (the launchers the tests use too).
 """
 
 from __future__ import annotations
@@ -17,19 +17,23 @@ import shutil
 import signal
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from kcache_testkit.ports import HOST, free_port, kill, wait_until
+from kcache_testkit.service import ServerProcess, server_env
+from kcache_testkit.storage_servers import RedisServer, SeaweedFS
+
+__all__ = ["HOST", "free_port"]  # the benchmarks reach the shared port helpers through this module
+
 BENCH_DIR = Path(__file__).resolve().parent
 REPO = BENCH_DIR.parent
 RESULTS_DIR = BENCH_DIR / "results"
 # Scratch space on the same filesystem as the corpus (git-ignored), so copies are comparable.
 WORK_DIR = BENCH_DIR / ".work"
-HOST = "127.0.0.1"
 DEFAULT_N = 500
 
 
@@ -165,72 +169,31 @@ def verdict(ok: bool) -> str:
 # ---- servers --------------------------------------------------------------------------------
 
 
-def _servers() -> Any:
-    """tests/servers.py (SeaweedFS, Redis start helpers); importable from the repo root."""
-    if str(REPO) not in sys.path:
-        sys.path.insert(0, str(REPO))
-    import tests.servers as servers
-
-    return servers
-
-
-def free_port() -> int:
-    return int(_servers().free_ports(1)[0])
-
-
 def wait_http(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 60) -> None:
     import httpx
 
-    _servers().wait_until(url, lambda: httpx.get(url, timeout=5).status_code == 200, timeout, proc, log)
+    wait_until(url, lambda: httpx.get(url, timeout=5).status_code == 200, timeout, proc, log)
 
 
 def stop(proc: subprocess.Popen[bytes] | None, sig: int = signal.SIGTERM) -> None:
-    """Stop a server we started (its own session: uvicorn's workers go with it)."""
-    if proc is None or proc.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, sig)  # start_new_session=True: the group is ours alone
-    try:
-        proc.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
+    """Stop a server we started in its own session (its workers go with it)."""
+    kill(proc, sig, group=True)
 
 
 @contextlib.contextmanager
 def kcache_service(root: Path, env: dict[str, str] | None = None, workers: int = 1) -> Iterator[str]:
     """``kcache serve --workers N`` (the production command) as a subprocess; yields its URL."""
-    root.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    log = root / f"kcache-{port}.log"
-    penv = {k: v for k, v in os.environ.items() if not k.startswith(("KCACHE_", "AWS_", "TRITON_"))}
-    penv.update({
-        "KCACHE_DATA_DIR": str(root / "data"),
-        "KCACHE_LOG_LEVEL": "warning",
-        "KCACHE_AUTOLOAD": "0",
-        "AWS_CONFIG_FILE": str(root / "no-aws-config"),
-        "AWS_SHARED_CREDENTIALS_FILE": str(root / "no-aws-credentials"),
-        "PYTHONUNBUFFERED": "1",
-    })
-    penv.update(env or {})
-    kcache_bin = shutil.which("kcache", path=str(Path(sys.executable).parent)) or "kcache"
-    cmd = [kcache_bin, "serve", "--host", HOST, "--port", str(port), "--workers", str(workers)]
-    with log.open("ab") as fh:
-        proc = subprocess.Popen(cmd, env=penv, stdout=fh, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
-    url = f"http://{HOST}:{port}"
-    try:
-        wait_http(f"{url}/readyz", proc, log)
-        yield url
-    finally:
-        stop(proc)
+    env = {"KCACHE_DATA_DIR": str(root / "data"), **(env or {})}
+    server = ServerProcess(root / "data", root, args=["--workers", str(workers)], env=server_env(root, **env),
+                           name="kcache", ready_path="/readyz")
+    with server:
+        yield server.url
 
 
 @contextlib.contextmanager
-def redis_server(root: Path) -> Iterator[Any]:
-    """A ``redis-server`` of our own on a free port (tests/servers.py RedisServer)."""
-    server = _servers().RedisServer(root).start()
+def redis_server(root: Path) -> Iterator[RedisServer]:
+    """A ``redis-server`` of our own on a free port."""
+    server = RedisServer(root).start()
     try:
         yield server
     finally:
@@ -238,9 +201,9 @@ def redis_server(root: Path) -> Iterator[Any]:
 
 
 @contextlib.contextmanager
-def seaweedfs(root: Path, bucket: str) -> Iterator[Any]:
-    """``weed mini`` on loopback (tests/servers.py SeaweedFS), with ``bucket`` created."""
-    server = _servers().SeaweedFS(root)
+def seaweedfs(root: Path, bucket: str) -> Iterator[SeaweedFS]:
+    """``weed mini`` on loopback, with ``bucket`` created."""
+    server = SeaweedFS(root)
     try:
         server.start()
         server.create_bucket(bucket)

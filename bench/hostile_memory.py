@@ -25,8 +25,6 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import os
-import subprocess
-import sys
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -36,16 +34,10 @@ from typing import Any
 import httpx
 
 from bench import common
+from kcache_testkit import hostile_packs
+from kcache_testkit.service import ServerProcess, server_env
 
 NS = "hostile"
-
-
-def _tests() -> Any:
-    if str(common.REPO / "tests") not in sys.path:
-        sys.path.insert(0, str(common.REPO / "tests"))
-    import hostile_packs
-
-    return hostile_packs
 
 
 def status_kib(pid: int, field: str) -> int:
@@ -62,25 +54,12 @@ def reset_peak(pid: int) -> None:
 
 @contextmanager
 def serve(root: Path, source: Path, env: dict[str, str]) -> Iterator[tuple[str, int]]:
-    port = common.free_port()
-    penv = {k: v for k, v in os.environ.items() if not k.startswith(("KCACHE_", "TRITON_"))}
-    penv |= {
-        "PYTHONPATH": os.pathsep.join(str(source / p) for p in ("schemas", "client", "service", ".")),
-        "KCACHE_DATA_DIR": str(root / "data"), "KCACHE_LOG_LEVEL": "warning", "KCACHE_AUTOLOAD": "0",
-        "PYTHONUNBUFFERED": "1",
-    } | env
-    log = root / "serve.log"
-    with log.open("ab") as fh:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "kcache.cli", "serve", "--port", str(port), "--workers", "1"],
-            env=penv, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-        )
-    url = f"http://{common.HOST}:{port}"
-    try:
-        common.wait_http(f"{url}/readyz", proc, log)
-        yield url, proc.pid
-    finally:
-        common.stop(proc)
+    """``source``'s service (this checkout's, or an older one's to compare), one worker."""
+    pythonpath = os.pathsep.join(str(source / p) for p in ("schemas", "client", "service", "."))
+    penv = {k: v for k, v in server_env(root, PYTHONPATH=pythonpath, **env).items() if not k.startswith("TRITON_")}
+    with ServerProcess(root / "data", root, args=["--workers", "1"], env=penv, name="serve", ready_path="/readyz") as srv:
+        assert srv.proc is not None
+        yield srv.url, srv.proc.pid
 
 
 def peak_above_idle(root: Path, source: Path, fn: Any) -> tuple[Any, float]:
@@ -104,7 +83,7 @@ def scenario(root: Path, source: Path, key: str, pack: bytes, names: tuple[str, 
     r, res["put_peak_mib"] = peak_above_idle(root, source, put)
     res["put_status"], res["put_s"] = r.status_code, round(time.perf_counter() - t0, 2)
     if r.status_code not in (200, 201):
-        _tests().store_as_older_service(root / "data", NS, key, pack)
+        hostile_packs.store_as_older_service(root / "data", NS, key, pack)
         res["stored_by"] = "placed as an older service stored it"
     for label, name in zip(("after_big", "big"), names, strict=True):
         def two_views(url: str, name: str = name) -> list[int]:
@@ -124,10 +103,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--source", type=Path, default=common.REPO, help="checkout whose server to run")
     parser.add_argument("--result-name", default="hostile_memory")
     args = parser.parse_args(argv)
-    hp = _tests()
+    hp = hostile_packs
     from kcache_schemas.pack import pack_kernel_dir, read_kernel_dir
 
-    from bench.corpus import compile_small
+    from kcache_testkit.corpus import compile_small
 
     root = common.tmp_root("hostile-")
     res: dict[str, Any] = {"source": str(args.source)}

@@ -39,7 +39,7 @@ def _real_metas(n_kernels: int = 4) -> list[Any]:
     from kcache_schemas.pack import pack_kernel_dir
     from kcache_server.store import _kernel_entry
 
-    from bench.corpus import compile_small
+    from kcache_testkit.corpus import compile_small
 
     root = Path(tempfile.mkdtemp(prefix="kcache-bench-ret-"))
     try:

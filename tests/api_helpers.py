@@ -1,9 +1,9 @@
 """Fixtures and helpers for the schema, pack, API, auth and serve tests.
 
-Load with ``pytest_plugins = ["api_helpers"]`` in a test module (tests/ is on sys.path).
+Load with ``pytest_plugins = ["api_helpers"]`` in a test module.
 
 * ``kernels``: a few real Triton kernel dirs for sm_90, compiled once per session on the CPU
-  (``bench.corpus.compile_small``), each with its ``[REPLACE]``-form files, manifest and pack.
+  (``kcache_testkit.kernels``), each with its ``[REPLACE]``-form files, manifest and pack.
 * ``client``: the same test body runs against the app in-process (``TestClient``) and against a
   real ``kcache serve`` (uvicorn) subprocess on loopback. Tests isolate themselves by namespace
   (``ns``), so one server serves the whole session.
@@ -12,7 +12,6 @@ Load with ``pytest_plugins = ["api_helpers"]`` in a test module (tests/ is on sy
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import hashlib
 import io
@@ -20,7 +19,6 @@ import json
 import tarfile
 import uuid
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,11 +26,12 @@ import httpx
 import pytest
 import zstandard
 from fastapi.testclient import TestClient
-from kcache_schemas import KernelManifest
-from kcache_schemas.pack import MANIFEST_NAME, pack_kernel_dir, read_kernel_dir
+from kcache_schemas.pack import MANIFEST_NAME
 from kcache_server.app import create_app
 from kcache_server.settings import Settings
-from live import ServerProcess, clean_env
+
+from kcache_testkit.kernels import Kernel, real_kernels
+from kcache_testkit.service import ServerProcess, clean_env
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -46,27 +45,6 @@ TEAM_A_TOKEN = "team-a-token-0123456789abcdef"
 # ---- real kernels ---------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Kernel:
-    key: str
-    dir: Path
-    files: dict[str, bytes]  # [REPLACE] form, as TritonBundler.collect gives them
-    manifest: KernelManifest
-    pack: bytes
-
-    @property
-    def name(self) -> str:
-        return self.manifest.kernel_name
-
-    @property
-    def hex_key(self) -> str:
-        return key_to_hex(self.key)
-
-
-def key_to_hex(key: str) -> str:
-    return base64.b32decode(key + "====").hex()
-
-
 @pytest.fixture(scope="session")
 def kernel_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("triton-cache")
@@ -75,13 +53,7 @@ def kernel_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def kernels(kernel_cache_dir: Path) -> list[Kernel]:
     """Five real, distinct sm_90 kernel dirs (add / gelu / mul_add), compiled once."""
-    from bench.corpus import compile_small
-
-    dirs = compile_small(kernel_cache_dir, count=5, arch=90)
-    out = []
-    for d in dirs:
-        manifest, pack = pack_kernel_dir(d)
-        out.append(Kernel(d.name, d, read_kernel_dir(d), manifest, pack))
+    out = real_kernels(kernel_cache_dir, count=5)
     assert len({k.key for k in out}) == 5
     return out
 

@@ -2,18 +2,12 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))  # for bench.corpus (real Triton kernel generator)
-sys.path.insert(0, str(REPO / "tests"))
-
-from backends import BLOB_BACKENDS, INDEX_BACKENDS  # noqa: E402
-from kcache_server.storage import BlobStore, Index  # noqa: E402
+from backends import BLOB_BACKENDS, INDEX_BACKENDS
+from kcache_server.storage import BlobStore, Index
 
 
 @pytest.fixture(params=sorted(BLOB_BACKENDS))

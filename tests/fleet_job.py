@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 T0 = time.perf_counter()
 
 from kcache.current import get_runtime  # noqa: E402
@@ -53,7 +51,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 from torch._dynamo.utils import counters  # noqa: E402
 
-from bench.corpus import compile_small  # noqa: E402
+from kcache_testkit.corpus import compile_small  # noqa: E402
 
 hits: list[bool] = []
 triton.knobs.compilation.listener = lambda *, cache_hit=False, **_: hits.append(cache_hit)

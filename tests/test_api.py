@@ -12,9 +12,11 @@ import pytest
 from kcache_schemas import build_pack, read_pack
 from kcache_schemas.pack import MEDIA_TYPE, manifest_for_files, substitute_dir
 
+from kcache_testkit.kernels import Kernel
+
 pytest.register_assert_rewrite("api_helpers")
 
-from api_helpers import Kernel, assert_error  # noqa: E402
+from api_helpers import assert_error  # noqa: E402
 
 pytest_plugins = ["api_helpers"]
 

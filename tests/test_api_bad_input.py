@@ -17,11 +17,12 @@ import zstandard
 from kcache_schemas import PackError, read_pack
 from kcache_schemas.pack import MANIFEST_NAME, MEDIA_TYPE
 
+from kcache_testkit.kernels import Kernel
+
 pytest.register_assert_rewrite("api_helpers")
 
 from api_helpers import (  # noqa: E402
     LIMITS,
-    Kernel,
     assert_error,
     assert_nothing_stored,
     file_entry,
@@ -30,7 +31,8 @@ from api_helpers import (  # noqa: E402
     member,
     raw_pack,
 )
-from hostile_packs import (  # noqa: E402
+
+from kcache_testkit.hostile_packs import (  # noqa: E402
     noncanonical_variants,
     pax_overflow_pack,
     store_as_older_service,

@@ -135,3 +135,44 @@ def _imports_full(path: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and node.module:
             names.add(node.module)
     return names
+
+
+TESTS, BENCH, TESTKIT = REPO / "tests", REPO / "bench", REPO / "kcache_testkit"
+# The fixture modules pytest puts on the path itself (tests/ is its rootdir for test modules).
+TEST_MODULES = {p.stem for p in TESTS.glob("*.py")}
+
+
+def _is_sys_path(node: ast.AST) -> bool:
+    return isinstance(node, ast.Attribute) and node.attr == "path" and isinstance(node.value, ast.Name) and node.value.id == "sys"
+
+
+def _sys_path_edits(source: str) -> list[int]:
+    """Lines that change ``sys.path``: its insert/append/extend, or an assignment to it."""
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and _is_sys_path(node.func.value):
+            if node.func.attr in {"insert", "append", "extend"}:
+                lines.append(node.lineno)
+        elif isinstance(node, ast.AugAssign | ast.Assign):
+            targets = [node.target] if isinstance(node, ast.AugAssign) else node.targets
+            if any(_is_sys_path(t) for t in targets):
+                lines.append(node.lineno)
+    return lines
+
+
+def test_test_and_bench_support_has_one_home_and_nothing_edits_sys_path() -> None:
+    """Tests and benchmarks share kcache_testkit (kernels, the server launchers, ports); neither
+    imports the other, the kit imports neither, and no module edits ``sys.path`` (subprocess
+    jobs get the kit on PYTHONPATH, like any installed package)."""
+    edits = [f"{p.relative_to(REPO)}:{n}" for root in (TESTS, BENCH, TESTKIT) for p in _sources(root)
+             for n in _sys_path_edits(p.read_text())]
+    assert not edits, "no sys.path edits: " + ", ".join(edits)
+    assert not [p for p in _sources(TESTS) if "bench" in _imports(p)], "tests import bench"
+    assert not [p for p in _sources(BENCH) if _imports(p) & ({"tests"} | TEST_MODULES)], "bench imports tests"
+    assert not [p for p in _sources(TESTKIT) if _imports(p) & {"tests", "bench"}], "the kit imports tests or bench"
+
+
+def test_the_sys_path_check_finds_an_edit() -> None:
+    assert _sys_path_edits('import sys\nsys.path.insert(0, "tests")\n') == [2]
+    assert _sys_path_edits("import sys\nsys.path += ['x']\nsys.path = []\n") == [2, 3]
+    assert _sys_path_edits("import sys\nif 'x' not in sys.path:\n    pass\n") == []

@@ -13,6 +13,8 @@ import pytest
 from kcache_server.settings import Settings
 from pydantic import ValidationError
 
+from kcache_testkit.kernels import Kernel
+
 pytest.register_assert_rewrite("api_helpers")
 
 from api_helpers import (  # noqa: E402
@@ -20,14 +22,12 @@ from api_helpers import (  # noqa: E402
     READ_TOKEN,
     TEAM_A_TOKEN,
     WRITE_TOKEN,
-    Kernel,
-    ServerProcess,
     assert_error,
-    clean_env,
     inproc_client,
     make_settings,
 )
-from live import kcache_cmd  # noqa: E402
+
+from kcache_testkit.service import ServerProcess, clean_env, kcache_cmd  # noqa: E402
 
 pytest_plugins = ["api_helpers"]
 

@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from live import clean_env
-from netfaults import FaultServer
+
+from kcache_testkit.netfaults import FaultServer
+from kcache_testkit.service import clean_env
 
 pytestmark = pytest.mark.slow
 

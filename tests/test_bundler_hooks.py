@@ -255,7 +255,7 @@ _COLLECT_AND_EXIT = textwrap.dedent(
     """
     import json, sys
     import kcache
-    from bench.corpus import compile_small
+    from kcache_testkit.corpus import compile_small
     from torch._inductor import config
     from torch._inductor.runtime.runtime_utils import triton_cache_dir
     from torch._inductor.triton_bundler import TritonBundler
@@ -281,7 +281,7 @@ def test_a_job_that_exits_right_after_collect_still_uploads(ending: str, live_se
     import json
     import os
 
-    from live import REPO
+    from kcache_testkit.service import REPO
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("KCACHE_", "TRITON_", "TORCHINDUCTOR_"))}
     # KCACHE_TRITON_MANAGER=0: the kernels' own compile asks nothing of the service, so the

@@ -21,7 +21,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from live import ServerProcess, clean_env
+
+from kcache_testkit.service import ServerProcess, clean_env
 
 pytestmark = pytest.mark.slow
 
@@ -88,7 +89,7 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]
 
 @pytest.fixture(scope="module")
 def kernel_dirs(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
-    from bench.corpus import compile_small
+    from kcache_testkit.corpus import compile_small
 
     return compile_small(tmp_path_factory.mktemp("client-install-triton"), count=3, arch=90)
 

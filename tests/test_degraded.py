@@ -28,6 +28,9 @@ from kcache_server.storage import BackendUnavailable, IndexRecord
 from kcache_server.storage.redis_index import RedisIndex
 from kcache_server.storage.s3_blobs import S3AccessDenied, S3BlobStore
 
+from kcache_testkit.ports import free_port, wait_until
+from kcache_testkit.service import ServerProcess, backend_server
+
 pytestmark = pytest.mark.slow
 
 TIMEOUT_S = 2.0  # KCACHE_BACKEND_TIMEOUT_S of the service under test
@@ -89,7 +92,7 @@ def _assert_all_unavailable(calls: dict[str, Callable[[], Any]], timeout_s: floa
 @pytest.fixture(params=["refused", "hang", "reset"])
 def bad_port(request: pytest.FixtureRequest) -> Iterator[int]:
     if request.param == "refused":
-        yield servers.free_ports(1)[0]
+        yield free_port()
     else:
         with servers.BadListener(request.param) as listener:
             yield listener.port
@@ -160,7 +163,7 @@ def test_redis_index_reconnects_after_restart(tmp_path: Path) -> None:
 class Rig:
     redis: servers.RedisServer
     weed: servers.SeaweedFS
-    service: servers.KcacheService
+    service: ServerProcess
     packs: dict[str, bytes]
     bucket: str
 
@@ -178,14 +181,14 @@ class Rig:
 
     def wait_ready(self, timeout: float = 60) -> float:
         t0 = time.monotonic()
-        servers.wait_until("service /readyz", lambda: self.request("GET", "/readyz")[0].status_code == 200,
+        wait_until("service /readyz", lambda: self.request("GET", "/readyz")[0].status_code == 200,
                            timeout, self.service.proc, self.service.log)
         return time.monotonic() - t0
 
 
 @pytest.fixture(scope="module")
 def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
-    from bench.corpus import compile_small
+    from kcache_testkit.corpus import compile_small
 
     root = tmp_path_factory.mktemp("degraded")
     redis = servers.RedisServer(root / "redis").start()
@@ -194,7 +197,7 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
     try:
         weed.start()
         bucket = weed.create_bucket("degraded")
-        service = servers.KcacheService(root / "service", weed.env() | {
+        service = backend_server(root / "service", weed.env() | {
             "KCACHE_BLOB_URL": f"s3://{bucket}/packs",
             "KCACHE_INDEX_URL": redis.url,
             "KCACHE_BACKEND_TIMEOUT_S": str(TIMEOUT_S),

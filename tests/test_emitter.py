@@ -18,7 +18,7 @@ from kcache.cli import main as cli
 from kcache.emitter import EmitOutcome, clean_stale, emit_pack, is_complete
 from kcache_schemas.pack import pack_kernel_dir, read_kernel_dir, read_pack
 
-from bench.corpus import _compile_env, cached_corpus, compile_small, corpus_specs
+from kcache_testkit.corpus import _compile_env, cached_corpus, compile_small, corpus_specs
 
 pytest_plugins = ["live"]
 

@@ -1,7 +1,7 @@
 """The client fails open: a dead, hung, failing or trickling service never fails or stalls a compile.
 
 Everything is real: the client (``kcache.runtime.Runtime`` over ``KcacheClient`` over httpx), the
-misbehaving servers (real sockets in ``netfaults.py``), the service (``kcache serve``), the kernels
+misbehaving servers (real sockets in ``kcache_testkit.netfaults``), the service (``kcache serve``), the kernels
 (compiled by Triton on the CPU) and Inductor's ``TritonBundler``.
 """
 
@@ -14,7 +14,6 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,10 +25,11 @@ from kcache.emitter import EmitOutcome
 from kcache.http import KcacheClient
 from kcache.runtime import Runtime
 from kcache_schemas.keys import hex_to_kernel_key
-from kcache_schemas.pack import pack_kernel_dir, read_kernel_dir
 from kcache_schemas.stats import LayerCounts
-from live import ServerProcess, clean_env
-from netfaults import FaultServer
+
+from kcache_testkit.kernels import Kernel, real_kernels
+from kcache_testkit.netfaults import FaultServer
+from kcache_testkit.service import ServerProcess, clean_env
 
 CONNECT, READ, RETRIES, FAILURES = 0.2, 0.5, 1, 3
 # (connect + read) per attempt, every attempt; the slack covers the 50 ms retry backoff, one
@@ -52,24 +52,9 @@ FAULTS = {
 }
 
 
-@dataclass(frozen=True)
-class Kernel:
-    key: str
-    dir: Path
-    files: dict[str, bytes]
-    pack: bytes
-    name: str
-
-
 @pytest.fixture(scope="module")
 def kernels(tmp_path_factory: pytest.TempPathFactory) -> list[Kernel]:
-    from bench.corpus import compile_small
-
-    out = []
-    for d in compile_small(tmp_path_factory.mktemp("failopen-triton"), count=3, arch=90):
-        manifest, pack = pack_kernel_dir(d)
-        out.append(Kernel(d.name, d, read_kernel_dir(d), pack, manifest.kernel_name))
-    return out
+    return real_kernels(tmp_path_factory.mktemp("failopen-triton"), count=3)
 
 
 @pytest.fixture(scope="module")

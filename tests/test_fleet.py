@@ -15,6 +15,8 @@ from kcache.config import ClientConfig
 from kcache.fx_graph_entries import MAGIC
 from kcache.http import KcacheClient
 
+from kcache_testkit.service import with_testkit
+
 pytest_plugins = ["live"]
 pytest.importorskip("torch")
 JOB = Path(__file__).with_name("fleet_job.py")
@@ -33,7 +35,7 @@ def run_node(tmp: Path, name: str, url: str, **env: str) -> dict:  # type: ignor
         "TRITON_DEFAULT_FP_FUSION": "1",
         **env,
     }
-    proc = subprocess.run([sys.executable, str(JOB)], env=full_env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, str(JOB)], env=with_testkit(full_env), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("REPORT "))
     return json.loads(line[len("REPORT ") :])  # type: ignore[no-any-return]
@@ -44,7 +46,7 @@ def run_job(script: str | Path, *args: str, **env: str) -> Any:
     setting, and return the JSON on its last stdout line."""
     base = {k: v for k, v in os.environ.items() if not k.startswith(("KCACHE_", "TRITON_"))}
     cmd = [sys.executable, str(script)] if isinstance(script, Path) else [sys.executable, "-c", script]
-    out = subprocess.run([*cmd, *args], env={**base, **env}, capture_output=True, text=True, timeout=120)
+    out = subprocess.run([*cmd, *args], env=with_testkit({**base, **env}), capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -130,14 +132,14 @@ def test_fresh_node_gets_remote_hits_and_a_warmed_node_needs_no_network(live_ser
 def test_triton_manager_is_local_first(live_service, tmp_path: Path) -> None:
     """Unlike Triton's RemoteCacheManager, a local hit never touches the network."""
     script = (
-        "import json,sys,triton; sys.path.insert(0, REPO)\n"
-        "from bench.corpus import compile_small\n"
+        "import json,sys,triton\n"
+        "from kcache_testkit.corpus import compile_small\n"
         "from kcache.current import get_runtime\n"
         "hits=[]; triton.knobs.compilation.listener=lambda *,cache_hit=False,**_: hits.append(cache_hit)\n"
         "compile_small(sys.argv[1], count=2)\n"
         "rt=get_runtime(); rt.close() if rt else None\n"
         "print(json.dumps({'hits': hits, 'stats': {n: c.model_dump() for n, c in rt.stats.snapshot().items()} if rt else None}))\n"
-    ).replace("REPO", repr(str(Path(__file__).resolve().parent.parent)))
+    )
     cache = tmp_path / "triton"
 
     def run(url: str) -> Any:
@@ -155,14 +157,14 @@ def test_kernels_compiled_by_a_process_killed_without_exit_handlers_are_uploaded
     """Inductor terminates its compile workers (no atexit), so there the Triton manager must not
     leave uploads queued in the background."""
     script = (
-        "import os,sys,json; sys.path.insert(0, REPO)\n"
+        "import os,sys,json\n"
         "from kcache.uploader import Uploader\n"
         "Uploader.submit = lambda self, item: False  # killed before a queued upload could run\n"
-        "from bench.corpus import compile_small\n"
+        "from kcache_testkit.corpus import compile_small\n"
         "dirs = compile_small(sys.argv[1], count=2)\n"
         "print(json.dumps([d.name for d in dirs]), flush=True)\n"
         "os._exit(0)  # like SIGTERM from ProcessPoolExecutor: no atexit, no flush\n"
-    ).replace("REPO", repr(str(Path(__file__).resolve().parent.parent)))
+    )
     cache = tmp_path / "worker-triton"
     worker = as_compile_worker(tmp_path, script)
     keys = run_job(worker, str(cache), KCACHE_URL=live_service.url, TRITON_CACHE_DIR=str(cache), TRITON_DEFAULT_FP_FUSION="1")

@@ -24,8 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from live import REPO, ServerProcess, kcache_cmd
-from netfaults import FaultServer, Request, http_response, tar_stream
+
+from kcache_testkit.netfaults import FaultServer, Request, http_response, tar_stream
+from kcache_testkit.nodes import Node
+from kcache_testkit.service import REPO, ServerProcess, kcache_cmd
 
 pytest.importorskip("torch")
 pytestmark = [pytest.mark.slow, pytest.mark.host_safety]
@@ -55,24 +57,6 @@ class Run:
 
     def describe(self) -> str:
         return f"run {self.index}: rc={self.rc} in {self.seconds:.1f}s\n--- stdout\n{self.stdout[-1500:]}\n--- stderr\n{self.stderr[-4000:]}"
-
-
-@dataclass
-class Node:
-    """One machine's user account: its own HOME and TMPDIR, nothing else configured."""
-
-    root: Path
-
-    @property
-    def home(self) -> Path:
-        return self.root / "home"
-
-    def env(self, **kcache: str) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("KCACHE_", "TRITON_", "TORCHINDUCTOR_"))}
-        (self.root / "tmp").mkdir(parents=True, exist_ok=True)
-        self.home.mkdir(parents=True, exist_ok=True)
-        env.update(HOME=str(self.home), TMPDIR=str(self.root / "tmp"), PYTHONUNBUFFERED="1", **kcache)
-        return env
 
 
 def run_job(node: Node, index: int, job: str, cpu: int | None, **kcache: str) -> Run:

@@ -30,11 +30,13 @@ import httpx
 import pytest
 from kcache_schemas.pack import MEDIA_TYPE
 
+from kcache_testkit.kernels import Kernel
+
 pytest.register_assert_rewrite("api_helpers")
 
-from api_helpers import Kernel  # noqa: E402
-from hostile_packs import store_as_older_service, zero_filled_pack  # noqa: E402
-from live import ServerProcess  # noqa: E402
+
+from kcache_testkit.hostile_packs import store_as_older_service, zero_filled_pack  # noqa: E402
+from kcache_testkit.service import ServerProcess  # noqa: E402
 
 pytest_plugins = ["api_helpers"]
 

@@ -28,40 +28,26 @@ import zstandard
 from kcache.config import ClientConfig
 from kcache.emitter import EmitOutcome
 from kcache.runtime import Runtime
-from kcache_schemas.pack import MANIFEST_NAME, MEDIA_TYPE, pack_kernel_dir, read_kernel_dir
-from live import clean_env
-from netfaults import FaultServer, Request, http_response, json_error, tar_stream, tree
+from kcache_schemas.pack import MANIFEST_NAME, MEDIA_TYPE
+
+from kcache_testkit.kernels import Kernel, real_kernels
+from kcache_testkit.netfaults import (
+    FaultServer,
+    Request,
+    http_response,
+    json_error,
+    tar_stream,
+    tree,
+)
+from kcache_testkit.service import clean_env
 
 NS = "default"
 GIB = 1 << 30
 
 
-@dataclass(frozen=True)
-class Kernel:
-    key: str
-    name: str
-    files: dict[str, bytes]  # [REPLACE] form
-    manifest: dict[str, Any]
-    pack: bytes
-
-    @property
-    def cubin(self) -> str:
-        return f"{self.name}.cubin"
-
-    @property
-    def group(self) -> str:
-        return f"__grp__{self.name}.json"
-
-
 @pytest.fixture(scope="module")
 def kernels(tmp_path_factory: pytest.TempPathFactory) -> list[Kernel]:
-    from bench.corpus import compile_small
-
-    out = []
-    for d in compile_small(tmp_path_factory.mktemp("hostile-triton"), count=2, arch=90):
-        manifest, pack = pack_kernel_dir(d)
-        out.append(Kernel(d.name, manifest.kernel_name, read_kernel_dir(d), manifest.model_dump(mode="json"), pack))
-    return out
+    return real_kernels(tmp_path_factory.mktemp("hostile-triton"), count=2)
 
 
 # ---- forging packs by hand ------------------------------------------------------------------
@@ -113,7 +99,7 @@ def manifest_member(manifest: dict[str, Any]) -> tuple[tarfile.TarInfo, bytes]:
 
 def forged(k: Kernel, files: dict[str, bytes], **overrides: Any) -> bytes:
     """A v1-layout pack whose manifest is recomputed from ``files`` (so digests agree)."""
-    manifest = dict(k.manifest, files=[entry(n, d) for n, d in files.items()], **overrides)
+    manifest = dict(k.manifest.model_dump(mode="json"), files=[entry(n, d) for n, d in files.items()], **overrides)
     return pack_of([manifest_member(manifest)] + [member(n, d) for n, d in files.items()])
 
 
@@ -140,8 +126,9 @@ def bomb_after(prefix_members: list[tuple[tarfile.TarInfo, bytes]], huge: int) -
 def bomb_small_declared(a: Kernel) -> bytes:
     """The manifest (true, small sizes), the files before the cubin, then a cubin header claiming
     1.5 GiB followed by 1.5 GiB of zeros: a few KB on the wire."""
-    head: list[tuple[tarfile.TarInfo, bytes]] = [manifest_member(a.manifest)]
-    for f in a.manifest["files"]:
+    manifest = a.manifest.model_dump(mode="json")
+    head: list[tuple[tarfile.TarInfo, bytes]] = [manifest_member(manifest)]
+    for f in manifest["files"]:
         if f["name"] == a.cubin:
             head.append(member(a.cubin, size=GIB + (512 << 20)))
             break
@@ -153,7 +140,7 @@ def hostile_packs(a: Kernel, b: Kernel, outside: Path) -> dict[str, bytes]:
     """name -> pack bytes served for kernel ``a``'s key. ``outside`` is a path beyond the dest."""
     cubin = a.files[a.cubin]
     others = {n: d for n, d in a.files.items() if n != a.cubin}
-    manifest = a.manifest
+    manifest = a.manifest.model_dump(mode="json")
 
     def members_with_cubin_as(info: tuple[tarfile.TarInfo, bytes]) -> list[tuple[tarfile.TarInfo, bytes]]:
         out = [manifest_member(manifest)]

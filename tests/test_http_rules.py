@@ -23,9 +23,11 @@ from kcache_schemas import (
 )
 from kcache_schemas.models import validate_filename
 
+from kcache_testkit.kernels import Kernel
+
 pytest.register_assert_rewrite("api_helpers")
 
-from api_helpers import Kernel  # noqa: E402
+
 
 pytest_plugins = ["api_helpers"]
 

@@ -25,10 +25,13 @@ from kcache_schemas.pack import (
     verify_pack,
 )
 
+from kcache_testkit.kernels import Kernel
+
 pytest.register_assert_rewrite("api_helpers")
 
-from api_helpers import Kernel, forge_pack, manifest_dict, member, raw_pack  # noqa: E402
-from hostile_packs import noncanonical_variants, pax_overflow_pack, zero_filled_pack  # noqa: E402
+from api_helpers import forge_pack, manifest_dict, member, raw_pack  # noqa: E402
+
+from kcache_testkit.hostile_packs import noncanonical_variants, pax_overflow_pack, zero_filled_pack  # noqa: E402
 
 pytest_plugins = ["api_helpers"]
 

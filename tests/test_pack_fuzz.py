@@ -21,10 +21,13 @@ import pytest
 from kcache_schemas import PackError, read_pack
 from kcache_schemas.pack import MEDIA_TYPE, verify_pack
 
+from kcache_testkit.kernels import Kernel
+
 pytest.register_assert_rewrite("api_helpers")
 
-from api_helpers import Kernel, inproc_client, make_settings  # noqa: E402
-from hostile_packs import MUTATIONS, mutations  # noqa: E402
+from api_helpers import inproc_client, make_settings  # noqa: E402
+
+from kcache_testkit.hostile_packs import MUTATIONS, mutations  # noqa: E402
 
 pytest_plugins = ["api_helpers"]
 

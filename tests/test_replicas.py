@@ -19,34 +19,26 @@ from kcache_schemas.pack import (
     MEDIA_TYPE,
     build_pack,
     manifest_for_files,
-    pack_kernel_dir,
-    read_kernel_dir,
 )
+
+from kcache_testkit.kernels import Kernel, real_kernels
+from kcache_testkit.service import ServerProcess, backend_server
 
 pytestmark = pytest.mark.slow
 
 NS = "replica-test"
 
 
-@dataclass(frozen=True)
-class Kernel:
-    key: str
-    pack: bytes
-    files: dict[str, bytes]
-
-
 @dataclass
 class Fleet:
-    replicas: list[servers.KcacheService]
+    replicas: list[ServerProcess]
     kernels: list[Kernel]
-    presigned: servers.KcacheService  # the replica configured with KCACHE_PRESIGNED_DOWNLOADS
+    presigned: ServerProcess  # the replica configured with KCACHE_PRESIGNED_DOWNLOADS
     s3_endpoint: str
 
 
 @pytest.fixture(scope="module")
 def fleet(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
-    from bench.corpus import compile_small
-
     root = tmp_path_factory.mktemp("replicas")
     weed = servers.seaweedfs(request.config)
     redis_url = servers.shared_redis_url(request.config)
@@ -58,17 +50,13 @@ def fleet(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
         "KCACHE_ACCESS_FLUSH_S": "0.5",
     }
     replicas = [
-        servers.KcacheService(root / f"r{i}", env | ({"KCACHE_PRESIGNED_DOWNLOADS": "true"} if i == 2 else {}),
-                              name=f"replica{i}").launch()
+        backend_server(root / f"r{i}", env | ({"KCACHE_PRESIGNED_DOWNLOADS": "true"} if i == 2 else {}),
+                       name=f"replica{i}").launch()
         for i in range(3)
     ]
     try:
         # Compile while the replicas boot: 4 real sm_90 kernels, packed as a client would.
-        dirs = compile_small(root / "triton", count=4, arch=90)
-        kernels = []
-        for d in dirs:
-            manifest, pack = pack_kernel_dir(d)
-            kernels.append(Kernel(manifest.key, pack, read_kernel_dir(d)))
+        kernels = real_kernels(root / "triton", count=4)
         for r in replicas:
             r.wait_ready()
         yield Fleet(replicas, kernels, replicas[2], weed.endpoint)
@@ -87,14 +75,14 @@ def _variant(kernel: Kernel, tag: str) -> bytes:
     return bytes(build_pack(manifest_for_files(kernel.key, files), files))
 
 
-def _get(replica: servers.KcacheService, key: str) -> bytes:
+def _get(replica: ServerProcess, key: str) -> bytes:
     with httpx.Client(follow_redirects=True, timeout=10) as client:
         resp = client.get(f"{replica.url}/v1/{NS}/kernels/{key}")
     assert resp.status_code == 200, resp.text
     return resp.content
 
 
-def _put(replica: servers.KcacheService, key: str, pack: bytes) -> httpx.Response:
+def _put(replica: ServerProcess, key: str, pack: bytes) -> httpx.Response:
     return httpx.put(f"{replica.url}/v1/{NS}/kernels/{key}", content=pack,
                      headers={"Content-Type": MEDIA_TYPE}, timeout=30)
 
@@ -158,7 +146,7 @@ def test_racing_identical_writes_create_once(fleet: Fleet) -> None:
     k = fleet.kernels[3]
     barrier = threading.Barrier(len(fleet.replicas))
 
-    def put(replica: servers.KcacheService) -> int:
+    def put(replica: ServerProcess) -> int:
         barrier.wait()
         return _put(replica, k.key, k.pack).status_code
 

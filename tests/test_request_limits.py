@@ -16,7 +16,8 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from live import ServerProcess, clean_env
+
+from kcache_testkit.service import ServerProcess, clean_env
 
 pytestmark = pytest.mark.slow
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 import pytest
-from api_helpers import ADMIN_TOKEN, WRITE_TOKEN, Kernel
+from api_helpers import ADMIN_TOKEN, WRITE_TOKEN
 from fastapi.testclient import TestClient
 from kcache_schemas import PackLimits, Producer
 from kcache_schemas.models import EntryRef, EnvFingerprint, WorkloadManifest
@@ -36,6 +36,8 @@ from kcache_server.storage.base import blob_ref
 from kcache_server.storage.file_blobs import FileBlobStore
 from kcache_server.store import CacheStore
 from pydantic import ValidationError
+
+from kcache_testkit.kernels import Kernel
 
 pytest_plugins = ["api_helpers"]
 
@@ -571,7 +573,7 @@ def test_serve_refuses_invalid_retention_in_one_line(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    from live import clean_env
+    from kcache_testkit.service import clean_env
 
     env = clean_env(KCACHE_RETENTION='{"default": {"min_age": "soon"}}')
     proc = subprocess.run([sys.executable, "-m", "kcache.cli", "serve", "--data-dir", str(tmp_path)], env=env,

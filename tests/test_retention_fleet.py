@@ -27,13 +27,15 @@ from kcache_schemas.pack import MEDIA_TYPE, pack_kernel_dir, read_kernel_dir
 from kcache_server.storage.redis_index import RedisIndex
 from kcache_server.storage.s3_blobs import S3BlobStore
 
+from kcache_testkit.service import ServerProcess, backend_server
+
 pytestmark = pytest.mark.slow
 
 NS = "fleet-retention"
 
 
 def test_two_replicas_fill_past_the_limits_with_gc_running(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from bench.corpus import compile_small
+    from kcache_testkit.corpus import compile_small
 
     weed = servers.seaweedfs(request.config)
     redis_url = servers.shared_redis_url(request.config)
@@ -53,7 +55,7 @@ def test_two_replicas_fill_past_the_limits_with_gc_running(request: pytest.Fixtu
     soft, hard = total // 3, total // 2
     rules["namespaces"] = {NS: {"soft_limit": soft, "hard_limit": hard}}
     env["KCACHE_RETENTION"] = json.dumps(rules)
-    replicas = [servers.KcacheService(tmp_path / f"r{i}", env, name=f"replica{i}").launch() for i in range(2)]
+    replicas = [backend_server(tmp_path / f"r{i}", env, name=f"replica{i}").launch() for i in range(2)]
     try:
         for r in replicas:
             r.wait_ready()
@@ -67,11 +69,11 @@ def test_two_replicas_fill_past_the_limits_with_gc_running(request: pytest.Fixtu
         weed.empty(servers.TEST_BUCKET, blob_prefix)
 
 
-def _url(replica: servers.KcacheService, path: str, key: str) -> str:
+def _url(replica: ServerProcess, path: str, key: str) -> str:
     return f"{replica.url}/v1/{NS}/{path}/{key}"
 
 
-def _run(replicas: list[servers.KcacheService], items: list[tuple[str, str, bytes]], soft: int, hard: int) -> None:
+def _run(replicas: list[ServerProcess], items: list[tuple[str, str, bytes]], soft: int, hard: int) -> None:
     working = [items[0], items[6], items[7]]  # a kernel and two entries
     biggest = max(len(d) for _, _, d in items)
     problems: list[str] = []
@@ -97,7 +99,7 @@ def _run(replicas: list[servers.KcacheService], items: list[tuple[str, str, byte
                             problems.append(f"GET {path}/{key[:20]}: {r.status_code} {len(r.content)} bytes {r.text[:200]!r}")
                     time.sleep(0.02)
 
-        def writer(replica: servers.KcacheService, mine: list[tuple[str, str, bytes]]) -> None:
+        def writer(replica: ServerProcess, mine: list[tuple[str, str, bytes]]) -> None:
             with httpx.Client(timeout=30) as wc:
                 for pause, (path, key, data) in [(0.0, i) for i in mine] + [(0.1, i) for i in mine]:
                     r = wc.put(_url(replica, path, key), content=data, headers={"Content-Type": MEDIA_TYPE})
@@ -162,7 +164,7 @@ def _run(replicas: list[servers.KcacheService], items: list[tuple[str, str, byte
         assert r.status_code == 200, r.text
 
 
-def _check_storage(blob_url: str, endpoint: str, index_url: str, replica: servers.KcacheService) -> None:
+def _check_storage(blob_url: str, endpoint: str, index_url: str, replica: ServerProcess) -> None:
     """Straight from S3 and Redis: every record has its blob; every blob has a record and a reference."""
     blobs, index = S3BlobStore(blob_url, endpoint_url=endpoint), RedisIndex(index_url)
     try:
@@ -184,4 +186,4 @@ def _check_storage(blob_url: str, endpoint: str, index_url: str, replica: server
     finally:
         blobs.close()
         index.close()
-    assert "Traceback" not in replica.log_tail(20000)
+    assert "Traceback" not in replica.stderr()

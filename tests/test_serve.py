@@ -7,9 +7,12 @@ from pathlib import Path
 
 import pytest
 
+from kcache_testkit.kernels import Kernel
+from kcache_testkit.service import ServerProcess
+
 pytest.register_assert_rewrite("api_helpers")
 
-from api_helpers import Kernel, ServerProcess  # noqa: E402
+
 
 pytest_plugins = ["api_helpers"]
 

@@ -24,7 +24,7 @@ Public API::
 
 CLI::
 
-    python -m bench.corpus --n 500 [--dest DIR] [--archs 90,80] [--jobs N]
+    python -m kcache_testkit.corpus --n 500 [--dest DIR] [--archs 90,80] [--jobs N]
 
 Note: triton's ``__grp__<name>.json`` stores *absolute* paths of the files in the kernel dir,
 so a kernel dir copied elsewhere is only a cache hit after those paths are rewritten.
@@ -65,7 +65,8 @@ COMPILE_ENV: dict[str, str] = {"TRITON_DEFAULT_FP_FUSION": "1"}
 DEFAULT_ARCHS: tuple[int, ...] = (90, 80)
 
 # Where cached_corpus keeps its corpora (git-ignored).
-CORPUS_ROOT = Path(__file__).resolve().parent / ".corpus"
+# In bench/ (git-ignored), where the benchmarks that use it live.
+CORPUS_ROOT = Path(__file__).resolve().parent.parent / "bench" / ".corpus"
 
 # Max dynamic shared memory per block; matmul configs above it would be pruned by any real
 # autotuner (they fail at load time with "out of resource"), so they are not in the corpus.
@@ -433,7 +434,7 @@ def _check_not_bootstrapping() -> None:
     # parent holds; fail fast with the real cause instead.
     if getattr(mp.current_process(), "_inheriting", False):
         raise RuntimeError(
-            "bench.corpus called while a spawn worker imports the main module; guard the "
+            "kcache_testkit.corpus called while a spawn worker imports the main module; guard the "
             'calling script with if __name__ == "__main__":'
         )
 
@@ -653,7 +654,7 @@ def _dir_bytes(dirs: Iterable[Path]) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m bench.corpus",
+        prog="python -m kcache_testkit.corpus",
         description="Compile a deterministic corpus of real Triton kernels on the CPU.",
     )
     parser.add_argument("--n", type=int, required=True, help="number of kernels")
@@ -684,8 +685,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    # Run the copy imported as bench.corpus, not this __main__ one: spawn workers unpickle
+    # Run the copy imported as kcache_testkit.corpus, not this __main__ one: spawn workers unpickle
     # specs and functions by module name, and the kernels must live in one importable module.
-    from bench.corpus import main as _main
+    from kcache_testkit.corpus import main as _main
 
     sys.exit(_main())
