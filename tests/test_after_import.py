@@ -63,3 +63,27 @@ def test_a_module_being_imported_is_called_back_once_it_is_complete(modules) -> 
     import kc_later  # type: ignore[import-not-found]  # noqa: F401  # any later import fires it
 
     assert kc_half.SEEN == [True]
+
+
+def test_a_hook_that_fires_on_another_modules_import_never_hides_that_modules_own_hook(modules) -> None:
+    """Two hooks at once, as kcache installs them (Inductor's codecache mid-import, AOTAutograd's
+    cache module not imported yet): the first fires on the import of the second's module and
+    unregisters itself there; the second must still fire (it was skipped: removing a finder from
+    ``sys.meta_path`` while the import system walks it shifts the list under the walk)."""
+    modules("kc_pending", "Y = 2\n")
+    modules(
+        "kc_mid",
+        """
+        from kcache.after_import import call_after_import
+        SEEN = []
+        call_after_import("kc_pending", lambda m: SEEN.append(("pending", m.Y)))
+        call_after_import(__name__, lambda m: SEEN.append(("mid", hasattr(m, "done"))))
+        done = True
+        """,
+    )
+    import kc_mid  # type: ignore[import-not-found]
+
+    assert kc_mid.SEEN == []
+    import kc_pending  # type: ignore[import-not-found]  # noqa: F401
+
+    assert sorted(kc_mid.SEEN) == [("mid", True), ("pending", 2)]

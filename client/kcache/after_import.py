@@ -33,12 +33,15 @@ def _on_kcache_thread() -> bool:
 
 
 def _unregister(finder: Any) -> bool:
-    """Remove ``finder`` from sys.meta_path; True for the one caller that did (threads race here)."""
+    """Take ``finder`` off sys.meta_path; True for the one caller that did (threads race here).
+
+    A new list, not ``remove()``: the import system walks the very list object while it asks each
+    finder, so removing the one asked now would shift the next finder (another kcache hook
+    waiting for exactly this import) past the walk, and that hook would never fire."""
     with _lock:
-        try:
-            sys.meta_path.remove(finder)
-        except ValueError:
+        if not any(f is finder for f in sys.meta_path):
             return False
+        sys.meta_path = [f for f in sys.meta_path if f is not finder]
         return True
 
 
