@@ -18,7 +18,7 @@ tests=(
   tests/test_after_import.py tests/test_autoload.py tests/test_bundler_hooks.py
   tests/test_client_install.py tests/test_coordesc_reuse.py tests/test_dynamo_cache.py tests/test_failopen.py
   tests/test_fleet.py tests/test_fx_graph_entries.py tests/test_host_rules.py
-  tests/test_host_safety.py
+  tests/test_host_safety.py tests/test_explain.py tests/test_verification.py
 )
 
 for version in $versions; do

@@ -10,6 +10,9 @@ picks what the job does:
 * ``reinstall``  ``compile``, then ``kcache.install(namespace=...)`` and a second function
 * ``uninstall``  ``compile``, ``kcache.uninstall()``, a second function, ``kcache.install()``, a third
 
+``HOST_JOB_INDUCTOR_CONFIG=name=1,...`` sets Inductor config flags in code before compiling, as a
+user's script does (``torch._inductor.config.fallback_random = True``).
+
 It prints ``RESULT <json>``: the outputs, rounded, so a run with kcache can be compared with one
 without.
 """
@@ -44,6 +47,12 @@ def g(x: torch.Tensor) -> torch.Tensor:
 def h(x: torch.Tensor) -> torch.Tensor:
     return (x * x).softmax(dim=-1)
 
+
+for setting in filter(None, os.environ.get("HOST_JOB_INDUCTOR_CONFIG", "").split(",")):
+    import torch._inductor.config
+
+    name, _, value = setting.partition("=")
+    setattr(torch._inductor.config, name, value == "1")
 
 torch.manual_seed(0)
 x, y = torch.randn(32, 32), torch.randn(32, 32)

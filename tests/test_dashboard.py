@@ -233,6 +233,10 @@ def test_dashboard_in_chromium(tmp_path: Path, real_kernel_dirs: list[Path]) -> 
             ("ci-2", report("rank0-cccccccc", ended=now - 3600, hits=15, misses=1, errors=2, error_kinds={"ServiceUnavailable": 2})),
             ("ci-3", report("rank0-dddddddd", workload="resnet", ended=now - 600, hits=9, misses=1)),
         ]
+        # ci-2's process also sent its phase timers, a post-install finding and a miss.
+        runs[2][1].update(phases={"_compile.compile_inner": 3.5, "bytecode_tracing": 2.0, "async_compile.wait": 0.5},
+                          verification={"fetched_unused": {"fx-graph: prefetched, never asked for": 2}},
+                          missed=[{"layer": "fx-graph", "key": "fmissed0123", "reason": "not_found"}])
         for run_id, body in runs:
             assert httpx.post(f"{svc.url}/v1/default/runs/{run_id}/stats", json=body, headers=write).status_code == 201
         time.sleep(0.5)  # access counts flush every 0.2 s
@@ -278,6 +282,12 @@ def test_dashboard_in_chromium(tmp_path: Path, real_kernel_dirs: list[Path]) -> 
                 # wait for this run's content, not for the table.
                 expect(page.locator("#run-layers")).to_contain_text("ServiceUnavailable \u00d72")
                 expect(page.locator("#run-layers tbody tr")).to_have_count(2)
+                phases = page.locator("#run-phases tbody tr")
+                expect(phases).to_have_count(2)  # grouped: Dynamo (its outermost timer), kernel compiles
+                assert phases.nth(0).inner_text().split("\t") == ["Dynamo", "3.50"]
+                assert phases.nth(1).inner_text().split("\t") == ["kernel compiles (Triton, C++)", "0.50"]
+                expect(page.locator("#run-verification")).to_contain_text("fx-graph: prefetched, never asked for")
+                expect(page.locator("#run-missed")).to_contain_text("kcache explain --run ci-2")
                 # Storage usage and top kernels.
                 usage = page.locator("#usage-table").inner_text()
                 assert "kernel" in usage and "run" in usage

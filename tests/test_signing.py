@@ -123,6 +123,8 @@ def test_a_consumer_trusting_a_takes_as_entries_and_refuses_bs_and_unsigned_ones
     counts = consumer.stats.snapshot()[layer]
     assert (counts.hits, counts.errors, counts.misses) == (1, 2, 0)
     assert counts.error_kinds == {"untrusted_key": 1, "unsigned": 1}
+    # The post-install check names each refusal with its reason (stats, kcache stats, dashboard).
+    assert consumer.stats.document().verification == {"refused": {f"{layer}: untrusted_key": 1, f"{layer}: unsigned": 1}}
     assert counts.saved_s == 2.5  # the producer's compile time, credited on the trusted hit
     # Refused entries never reach the local tier (a later offline start would refuse them again).
     assert consumer.local.get(layer, key_b) is None and consumer.local.get(layer, key_unsigned) is None

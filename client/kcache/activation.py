@@ -55,6 +55,10 @@ def activate(**overrides: Any) -> bool:
 
             if dynamo_cache.LAYER in selected_layers(config.layers):
                 dynamo_cache.install()
+        with guard("could not hook Inductor's FX-graph lookup"):
+            from kcache import key_components
+
+            key_components.install()
         with guard("could not hook Inductor's autotune recheck"):
             from kcache.coordesc_reuse import install as install_coordesc_reuse
 

@@ -414,6 +414,41 @@ def _unpin(args: argparse.Namespace) -> int:
     return 0
 
 
+def _explain(args: argparse.Namespace) -> int:
+    """``kcache explain``: why each miss missed (0 also when nothing missed; 1 without input)."""
+    import json
+
+    from kcache.explain import explain_key, explain_misses
+    from kcache.fingerprint import current
+    from kcache.report import fetch_run
+    from kcache.stats import load_stats
+
+    given = [bool(args.file), bool(args.run), bool(args.layer)]
+    if sum(given) != 1 or (args.layer and not args.key):
+        print("kcache explain: give --file STATS, --run ID, or LAYER KEY", file=sys.stderr)
+        return 1
+    client = _client(args)
+    if args.layer:
+        explanations = [explain_key(client, args.layer, args.key, workload=args.workload,
+                                    environment=current() if args.workload else None)]
+    else:
+        try:
+            doc = load_stats(args.file) if args.file else fetch_run(args, args.run)
+        except (FileNotFoundError, ValueError) as exc:
+            print(f"kcache explain: {exc}", file=sys.stderr)
+            return 1
+        if not doc.missed:
+            print("no misses recorded (a process records the lookups that missed locally and remotely)")
+            return 0
+        explanations = explain_misses(client, doc.missed, workload=doc.workload, environment=doc.environment)
+    if args.json:
+        print(json.dumps([{"layer": e.layer, "key": e.key, "nearest": e.nearest, "note": e.note,
+                           "changes": [c.model_dump() for c in e.changes]} for e in explanations], indent=1))
+    else:
+        print("\n\n".join(e.render() for e in explanations))
+    return 0
+
+
 def _stats(args: argparse.Namespace) -> int:
     from kcache.report import stats_command
 
@@ -490,6 +525,15 @@ def build_parser() -> argparse.ArgumentParser:
     unpin = remote(sub.add_parser("unpin", help="unpin a workload (admin)"))
     unpin.add_argument("workload")
     unpin.set_defaults(func=_unpin)
+
+    explain = remote(sub.add_parser("explain", help="why did it miss: for each miss, the nearest stored key and the parts that differ"))
+    explain.add_argument("layer", nargs="?", metavar="LAYER", help="a layer (fx-graph), with KEY: explain that key")
+    explain.add_argument("key", nargs="?", metavar="KEY", help="the missed key (Inductor's, or as kcache stores it)")
+    explain.add_argument("--file", help="a stats file or dir (KCACHE_STATS_FILE): explain every miss it recorded")
+    explain.add_argument("--run", metavar="ID", help="a run on the service: explain every miss its processes recorded")
+    explain.add_argument("--workload", help="with LAYER KEY: the workload whose stored keys to compare with")
+    explain.add_argument("--json", action="store_true", help="machine-readable output")
+    explain.set_defaults(func=_explain)
 
     stats = remote(sub.add_parser("stats", help="cache-hit statistics of a stats file or a run; gate CI with --fail-under"))
     stats.add_argument("--file", help="stats file or dir written via KCACHE_STATS_FILE (default: $KCACHE_STATS_FILE)")

@@ -84,6 +84,7 @@ class ClientConfig:
     triton_manager: bool = True
     local_dir: str | None = None
     local_max_bytes: int = DEFAULT_LOCAL_MAX_BYTES  # 0: unbounded
+    require_hit: Literal["warn", "fail"] | None = None  # see kcache.require_hit
 
     def local_root(self) -> Path:
         return Path(self.local_dir) if self.local_dir else default_local_dir()
@@ -131,8 +132,18 @@ class ClientConfig:
             triton_manager=os.environ.get("KCACHE_TRITON_MANAGER", "1") != "0",
             local_dir=os.environ.get("KCACHE_LOCAL_DIR") or None,
             local_max_bytes=_bytes("KCACHE_LOCAL_MAX_BYTES", DEFAULT_LOCAL_MAX_BYTES),
+            require_hit=_require_hit(os.environ.get("KCACHE_REQUIRE_HIT", "")),
         )
         return replace(cfg, **{k: v for k, v in overrides.items() if v is not None})
+
+
+def _require_hit(raw: str) -> Literal["warn", "fail"] | None:
+    """``warn``/``fail``; unset, ``0`` or ``off`` is off; anything else warns (a typo of ``fail``
+    must not switch the guard off silently)."""
+    value = raw.strip().lower()
+    if value in ("", "0", "off", "false", "no"):
+        return None
+    return "fail" if value == "fail" else "warn"
 
 
 def default_local_dir() -> Path:

@@ -21,7 +21,13 @@ from typing import TYPE_CHECKING, Any
 from xml.etree import ElementTree as ET
 
 from kcache_schemas import wire
-from kcache_schemas.stats import LayerCounts, RunAggregate, RunStatsReport, StatsDocument
+from kcache_schemas.stats import (
+    LayerCounts,
+    RunAggregate,
+    RunStatsReport,
+    StatsDocument,
+    group_phases,
+)
 
 from kcache import __version__
 from kcache.failopen import warn_once
@@ -162,7 +168,43 @@ def format_text(doc: StatsDocument, fail_under: float | None = None) -> str:
         found = _reasons(layers, field)
         if found:
             lines += ["", title] + [f"  {name}: {reason} x{n}" for name, reason, n in found]
+    lines += _phase_lines(doc) + _verification_lines(doc)
+    if doc.missed:
+        lines += ["", f"Misses recorded: {len(doc.missed)} (why: kcache explain --file/--run)"]
     return "\n".join(lines) + "\n"
+
+
+def phase_totals(doc: StatsDocument) -> dict[str, float]:
+    """Start-up seconds per group (torch's phase timers grouped), plus kcache's own time."""
+    groups = group_phases(doc.phases)
+    kcache_s = doc.totals().seconds
+    if kcache_s:
+        groups["kcache (lookups, downloads, local tier)"] = kcache_s
+    return groups
+
+
+def _phase_lines(doc: StatsDocument) -> list[str]:
+    groups = phase_totals(doc)
+    if not groups:
+        return []
+    lines = ["", "Start-up phases (s; each group's outermost timer: Dynamo contains AOTAutograd, which contains Inductor, ...)"]
+    lines += [f"  {group:<42} {seconds:8.2f}" for group, seconds in sorted(groups.items(), key=lambda kv: -kv[1])]
+    top = sorted(doc.phases.items(), key=lambda kv: -kv[1])[:8]
+    if top:
+        lines += ["  largest timers: " + ", ".join(f"{name} {seconds:.2f}" for name, seconds in top)]
+    return lines
+
+
+def _verification_lines(doc: StatsDocument) -> list[str]:
+    if not doc.verification:
+        return []
+    titles = {"fetched_unused": "Fetched, never used", "emitted_then_compiled": "Installed, then compiled anyway",
+              "refused": "Refused"}
+    lines = ["", "Post-install checks"]
+    for kind, reasons in doc.verification.items():
+        for reason, n in sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0])):
+            lines.append(f"  {titles.get(kind, kind)}: {reason} x{n}")
+    return lines
 
 
 def _with_rates(c: LayerCounts) -> dict[str, Any]:
@@ -278,7 +320,9 @@ def at_exit(cfg: ClientConfig, stats: Stats, service_down: bool = False) -> None
         return
     try:
         from kcache.fingerprint import current
+        from kcache.phases import torch_phases
 
+        stats.set_phases(torch_phases())
         doc = stats.document(run_id=cfg.run_id, workload=cfg.workload, namespace=cfg.namespace, environment=current())
     except Exception as exc:
         warn_once("could not collect stats at exit", exc)
@@ -314,6 +358,9 @@ def run_report(doc: StatsDocument, report_id: str | None = None) -> RunStatsRepo
         ended_at=doc.ended_at or 0.0,
         environment=doc.environment,
         layers=doc.layers,
+        missed=doc.missed,
+        phases=doc.phases,
+        verification=doc.verification,
     )
 
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from kcache_schemas import KernelManifest, PackError, Producer, wire
 from kcache_schemas import signature as envelope
+from kcache_schemas.explain import WORKLOAD_MISS, KeyComponents, components_key
 from kcache_schemas.signature import SignatureError
 
 if TYPE_CHECKING:
@@ -73,6 +74,9 @@ class Runtime:
         # Keys this process compiled or used: for stats and workload manifests.
         self.used_kernels: set[str] = set()
         self.used_entries: set[tuple[str, str]] = set()
+        # Kernels this process wrote into a Triton cache dir (key -> dir): a later compile of one
+        # is a post-install finding (``emitted_then_compiled``).
+        self.emitted_kernels: dict[str, Path] = {}
         self.bundle_emit_s = 0.0  # time spent emitting Inductor bundles (read_and_emit)
         self._lock = threading.Lock()
         self._closed = False
@@ -140,6 +144,7 @@ class Runtime:
             except (PackError, InvalidPack) as exc:
                 warn_once(f"refused an invalid pack for {key}", exc)
                 self.stats.error(KERNEL_LAYER, "invalid_pack")
+                self.stats.verify("refused", "kernel: invalid_pack")
                 return None
             except OSError as exc:
                 self.stats.error(KERNEL_LAYER, "emit_failed")
@@ -150,17 +155,34 @@ class Runtime:
                 return None
         self._count_emit(outcome, len(pack), manifest.producer.compile_time_s or 0.0)
         self.note_kernel(key)
+        self._emitted(key, cache_dir, outcome)
         return outcome
 
     def emit_local(self, cache_dir: Path, manifest: KernelManifest, files: Mapping[str, bytes]) -> EmitOutcome:
         """Emit files we already hold (an Inductor bundle); raises on failure for the caller's fallback."""
         outcome = emit_files(cache_dir, manifest, files, check_target=self.config.check_target, verified=True)
         self.note_kernel(manifest.key)
+        self._emitted(manifest.key, cache_dir, outcome)
         return outcome
+
+    def _emitted(self, key: str, cache_dir: Path, outcome: EmitOutcome) -> None:
+        if outcome in (EmitOutcome.EMITTED, EmitOutcome.REPAIRED):
+            with self._lock:
+                self.emitted_kernels[key] = cache_dir
+
+    def kernel_compiled(self, key: str, cache_dir: Path) -> None:
+        """Triton compiled ``key`` in this process (its cache manager stored the group): if kcache
+        had written that kernel, the install did not take (e.g. written into another dir)."""
+        with self._lock:
+            emitted = self.emitted_kernels.get(key)
+        if emitted is not None:
+            same = emitted.resolve() == cache_dir.resolve()
+            self.stats.verify("emitted_then_compiled", "kernel: same dir" if same else "kernel: written into another dir")
 
     def _count_emit(self, outcome: EmitOutcome, nbytes: int, saved_s: float) -> None:
         if outcome is EmitOutcome.SKIPPED_TARGET:
             self.stats.skipped(KERNEL_LAYER, "target_mismatch")
+            self.stats.verify("refused", "kernel: built for another GPU")
         else:
             self.stats.hit(KERNEL_LAYER, nbytes, saved_s)  # the producer's compile time, not ours
 
@@ -249,13 +271,25 @@ class Runtime:
             if exc.reason != "unavailable":  # that one was said once, at start
                 warn_once(f"refused a {layer} entry: {exc}")
             self.stats.error(layer, exc.reason)
+            self.stats.verify("refused", f"{layer}: {exc.reason}")
 
-    def put_entry(self, layer: str, key: str, data: bytes, compile_time_s: float | None = None, now: bool = False) -> None:
+    def record_miss(self, missed: KeyComponents) -> None:
+        """A key that missed locally and remotely (the process compiles it next): counted for
+        ``kcache explain``, and its parts stored beside it so any node can explain its misses."""
+        self.stats.missed(missed.layer, missed.key, self.miss_reason())
+        if missed.components:
+            data = missed.model_dump_json().encode()
+            self.put_entry(wire.CacheLayer.KEY_COMPONENTS.value, components_key(missed.layer, missed.key), data, record=False)
+
+    def put_entry(self, layer: str, key: str, data: bytes, compile_time_s: float | None = None, now: bool = False,
+                  record: bool = True) -> None:
         """Queue an upload (``now``: send it in this thread, for processes killed without exit
         handlers). Signed first, if signing is configured; a process that only verifies
-        (``KCACHE_TRUSTED_KEYS`` without a private key) uploads no entries."""
-        with self._lock:
-            self.used_entries.add((layer, key))
+        (``KCACHE_TRUSTED_KEYS`` without a private key) uploads no entries. ``record``: list it in
+        the workload's manifest (what the next job prefetches)."""
+        if record:
+            with self._lock:
+                self.used_entries.add((layer, key))
         if self.uploader is None:
             return
         if self.signing is not None:
@@ -277,6 +311,24 @@ class Runtime:
             self.uploader.submit(item)
 
     # ---- lifecycle ------------------------------------------------------------------------
+
+    def _post_install_checks(self) -> None:
+        """At exit: a workload found only under other environments is a miss to explain, and
+        what its prefetch brought that no compile of this process asked for is counted (a job
+        that compiles less than its workload, or keys that drifted)."""
+        prefetcher = self.prefetcher
+        if prefetcher is None or not prefetcher.done.is_set():
+            return
+        if prefetcher.miss_hint:
+            self.stats.missed(WORKLOAD_MISS, prefetcher.name, "other_environment")
+        view = prefetcher.view
+        if view is None or not view.runs:
+            return
+        with self._lock:
+            unused_kernels = len(set(view.kernels) - self.used_kernels)
+            unused = [e.layer for e in view.entries if (e.layer, e.key) not in self.used_entries]
+        for layer in [KERNEL_LAYER] * unused_kernels + unused:
+            self.stats.verify("fetched_unused", f"{layer}: prefetched, never asked for")
 
     def service_known_dead(self) -> bool:
         """True when waiting for the service cannot help: it refused our last connection or the
@@ -311,6 +363,7 @@ class Runtime:
             # Otherwise leave it open: the uploader thread may still be finishing a request,
             # which then fails or succeeds on its own and is counted either way.
             self.client.close()
+        self._post_install_checks()
         if self._on_close is not None:
             try:  # stats file, summary line, run stats: see kcache.current
                 self._on_close(self)

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kcache_schemas.explain import MAX_MISS_RECORDS, MissRecord
 from kcache_schemas.stats import LayerCounts, StatsDocument
 from pydantic import ValidationError
 
@@ -62,6 +63,9 @@ class Stats:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._layers: defaultdict[str, _Tally] = defaultdict(_Tally)
+        self._missed: dict[tuple[str, str], MissRecord] = {}
+        self._verification: defaultdict[str, Counter[str]] = defaultdict(Counter)
+        self._phases: dict[str, float] = {}
         self.started_at = time.time()
 
     def hit(self, layer: str, nbytes: int = 0, saved_s: float = 0.0) -> None:
@@ -101,6 +105,22 @@ class Stats:
             s.skipped += 1
             s.miss_reasons[reason] += 1
 
+    def missed(self, layer: str, key: str, reason: str = "not_found") -> None:
+        """A lookup that missed locally and remotely, kept (bounded) for ``kcache explain``."""
+        with self._lock:
+            if len(self._missed) < MAX_MISS_RECORDS:
+                self._missed.setdefault((layer, key), MissRecord(layer=layer, key=key[:512], reason=reason[:128]))
+
+    def verify(self, kind: str, reason: str) -> None:
+        """A post-install check's finding: ``fetched_unused``, ``emitted_then_compiled``, ``refused``."""
+        with self._lock:
+            self._verification[kind][reason[:128]] += 1
+
+    def set_phases(self, phases: dict[str, float]) -> None:
+        """Where start-up time went (torch's phase timers), read once at exit."""
+        with self._lock:
+            self._phases = dict(phases)
+
     @contextmanager
     def timed(self, layer: str) -> Iterator[None]:
         t0 = time.perf_counter()
@@ -118,8 +138,14 @@ class Stats:
         """This process's stats document; ``info`` adds run_id, workload, namespace, environment."""
         return StatsDocument(
             processes=1, host=socket.gethostname(), pid=os.getpid(), started_at=round(self.started_at, 3),
-            ended_at=round(time.time(), 3), layers=self.snapshot(), **{k: v for k, v in info.items() if v is not None},
+            ended_at=round(time.time(), 3), layers=self.snapshot(), missed=self.missed_records(),
+            phases=self._phases, verification={kind: dict(c) for kind, c in sorted(self._verification.items())},
+            **{k: v for k, v in info.items() if v is not None},
         )
+
+    def missed_records(self) -> list[MissRecord]:
+        with self._lock:
+            return list(self._missed.values())
 
 
 # ---- KCACHE_STATS_FILE ---------------------------------------------------------------------------

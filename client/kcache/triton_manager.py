@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kcache_schemas import wire
+from kcache_schemas.explain import KeyComponents
 from triton.runtime.cache import FileCacheManager
 
 from kcache._process import in_inductor_compile_worker
@@ -115,6 +116,10 @@ class KcacheCacheManager(FileCacheManager):  # type: ignore[misc]
             return None
         if outcome in (EmitOutcome.EMITTED, EmitOutcome.EXISTING, EmitOutcome.REPAIRED):
             return super().get_group(filename)  # type: ignore[no-any-return]
+        from kcache import require_hit
+
+        # Triton compiles it next; KCACHE_REQUIRE_HIT=fail raises here on purpose.
+        require_hit.compile_ahead(require_hit.KERNEL, KeyComponents(layer=require_hit.KERNEL, key=self.key))
         return None
 
     def put_group(self, filename: str, group: dict[str, str]) -> str:
@@ -126,6 +131,7 @@ class KcacheCacheManager(FileCacheManager):  # type: ignore[misc]
                     # Inductor terminates its compile workers without running exit handlers,
                     # which would drop a queued upload: there, upload now (workers compile in
                     # parallel). Elsewhere in the background, off the compile path.
+                    rt.kernel_compiled(self.key, Path(self.cache_dir).parent)
                     rt.upload_kernel_dir(self.key, Path(self.cache_dir), now=in_inductor_compile_worker())
                 except Exception as exc:
                     warn_once("kernel upload failed", exc)

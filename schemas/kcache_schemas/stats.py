@@ -19,6 +19,7 @@ from typing import Annotated, Any, Final, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from kcache_schemas.explain import MAX_MISS_RECORDS, MissRecord, merge_misses
 from kcache_schemas.models import EnvFingerprint, RunId, WorkloadName
 
 STATS_FORMAT: Final = "kcache-stats"
@@ -127,6 +128,74 @@ def sum_layer_counts(many: Iterable[dict[str, LayerCounts]]) -> dict[str, LayerC
     return dict(sorted(totals.items()))
 
 
+# ---- where start-up time goes, and what was installed but not used --------------------------
+
+_MAX_PHASES = 64
+Phases = Annotated[
+    dict[str, Annotated[float, Field(ge=0)]], Field(max_length=_MAX_PHASES), AfterValidator(_reason_names)
+]
+# kind -> reason -> count: "fetched_unused" (an entry or kernel brought into the process that no
+# compile asked for), "emitted_then_compiled" (a kernel kcache wrote that Triton compiled anyway),
+# "refused" (an entry or kernel kcache would not hand over: signature, target, bad pack).
+Verification = Annotated[dict[str, Reasons], Field(max_length=16), AfterValidator(_stat_names)]
+
+# Torch's own phase timers (``dynamo_timed`` names, which differ between torch versions) grouped
+# for people; the first matching rule wins. The timers nest (Dynamo's compile contains
+# AOTAutograd, which contains Inductor, which contains the kernel compiles), so a group's time is
+# its outermost timer's (the largest), and the groups overlap rather than add up.
+PHASE_GROUPS: Final[tuple[tuple[str, tuple[str, ...]], ...]] = (
+    ("kernel emit (TritonBundler)", ("TritonBundler.read_and_emit",)),
+    ("autotune / benchmarking", ("benchmark", "autotune", "coordesc", "coordinate_descent")),
+    ("kernel compiles (Triton, C++)", ("async_compile", "compile_file", "triton.compile")),
+    ("Inductor cache load", ("fx_graph_cache", "FxGraphCache", "inductor_load", "load_with_key", "after_deserialization",
+                             "AOTAutogradCache", "autograd_cache")),
+    ("Inductor lowering + codegen", ("compile_fx", "fw_compiler", "bw_compiler", "fx_codegen", "GraphLowering", "Scheduler",
+                                     "PyCodeCache", "codegen")),
+    ("AOTAutograd", ("create_aot_dispatcher_function", "aot_", "joint_graph")),
+    ("Dynamo", ("_compile.compile_inner", "compile_attempt", "bytecode_tracing", "build_guards", "OutputGraph",
+                "precompile", "variable_builder", "dynamo")),
+)
+
+
+def phase_group(name: str) -> str:
+    """The group a phase timer belongs to ("other" if none)."""
+    for group, needles in PHASE_GROUPS:
+        if any(needle in name for needle in needles):
+            return group
+    return "other"
+
+
+def group_phases(phases: dict[str, float]) -> dict[str, float]:
+    """Seconds per group (``PHASE_GROUPS``): its outermost (largest) timer, largest group first.
+    Timers no rule knows are left out rather than guessed."""
+    groups: dict[str, float] = {}
+    for name, seconds in phases.items():
+        group = phase_group(name)
+        if group != "other":
+            groups[group] = max(groups.get(group, 0.0), round(seconds, 6))
+    return dict(sorted(groups.items(), key=lambda kv: -kv[1]))
+
+
+def sum_phases(many: Iterable[dict[str, float]]) -> dict[str, float]:
+    """Phase seconds of many processes added up; the largest ``_MAX_PHASES`` kept."""
+    acc: dict[str, float] = {}
+    for phases in many:
+        for name, seconds in phases.items():
+            acc[name] = acc.get(name, 0.0) + seconds
+    ranked = sorted(acc.items(), key=lambda kv: -kv[1])[:_MAX_PHASES]
+    return {name: round(seconds, 6) for name, seconds in sorted(ranked)}
+
+
+def sum_verification(many: Iterable[dict[str, dict[str, int]]]) -> dict[str, dict[str, int]]:
+    acc: dict[str, dict[str, int]] = {}
+    for verification in many:
+        for kind, reasons in verification.items():
+            mine = acc.setdefault(kind, {})
+            for reason, n in reasons.items():
+                mine[reason] = mine.get(reason, 0) + n
+    return {kind: _cap_reasons(reasons) for kind, reasons in sorted(acc.items())}
+
+
 class EnvironmentSummary(_Lenient):
     """One environment's share of a run (a fleet mid-upgrade runs several torch/triton pairs):
     processes that reported from it and their lookups."""
@@ -187,6 +256,9 @@ class StatsDocument(_Lenient):
     environment: EnvFingerprint | None = None
     environments: list[EnvironmentSummary] = Field(default_factory=list)
     layers: Layers = Field(default_factory=dict)
+    missed: list[MissRecord] = Field(default_factory=list, max_length=MAX_MISS_RECORDS, description="lookups that missed, for kcache explain")
+    phases: Phases = Field(default_factory=dict)
+    verification: Verification = Field(default_factory=dict)
 
     def totals(self) -> LayerCounts:
         return total(self.layers.values())
@@ -207,7 +279,7 @@ class StatsDocument(_Lenient):
     @classmethod
     def merge(cls, docs: Iterable[StatsDocument]) -> StatsDocument:
         """One document for many: counters add up, ``processes`` counts every process merged in;
-        run id, namespace and workload stay where all agree."""
+        run id, namespace, workload and environment stay where all agree."""
         docs = list(docs)
         starts = [d.started_at for d in docs if d.started_at]
         ends = [d.ended_at for d in docs if d.ended_at]
@@ -217,6 +289,8 @@ class StatsDocument(_Lenient):
             return found[0] if len(found) == 1 else None
 
         workloads = sorted({w for d in docs for w in [d.workload, *d.workloads] if w})
+        fingerprints = {d.environment.id: d.environment for d in docs if d.environment is not None}
+        same_environment = len(fingerprints) == 1 and all(d.environment is not None for d in docs)
         return cls(
             processes=sum(d.processes for d in docs),
             started_at=min(starts) if starts else None,
@@ -225,8 +299,12 @@ class StatsDocument(_Lenient):
             namespace=agreed(d.namespace for d in docs),
             workload=workloads[0] if len(workloads) == 1 else None,
             workloads=workloads,
+            environment=next(iter(fingerprints.values())) if same_environment else None,
             environments=merge_environments(e for d in docs for e in d.environment_summaries()),
             layers=sum_layer_counts(d.layers for d in docs),
+            missed=merge_misses(d.missed for d in docs),
+            phases=sum_phases(d.phases for d in docs),
+            verification=sum_verification(d.verification for d in docs),
         )
 
 
@@ -247,11 +325,15 @@ class RunStatsReport(_Lenient):
     ended_at: float = Field(default=0.0, ge=0)
     environment: EnvFingerprint | None = Field(default=None, description="torch, triton, CUDA/HIP and GPU arch of the process")
     layers: Layers = Field(default_factory=dict)
+    missed: list[MissRecord] = Field(default_factory=list, max_length=MAX_MISS_RECORDS, description="lookups that missed, for kcache explain")
+    phases: Phases = Field(default_factory=dict)
+    verification: Verification = Field(default_factory=dict)
 
     def document(self) -> StatsDocument:
         return StatsDocument(
             processes=1, host=self.host, pid=self.pid, started_at=self.started_at or None,
             ended_at=self.ended_at or None, workload=self.workload, environment=self.environment, layers=self.layers,
+            missed=self.missed, phases=self.phases, verification=self.verification,
         )
 
 
@@ -279,6 +361,10 @@ class RunSummary(_Lenient):
 
 class RunAggregate(RunSummary):
     layers: dict[str, LayerCounts]
+    missed: list[MissRecord] = Field(default_factory=list)
+    phases: dict[str, float] = Field(default_factory=dict)
+    phase_groups: dict[str, float] = Field(default_factory=dict, description="phases grouped (Dynamo, AOTAutograd, ...)")
+    verification: dict[str, dict[str, int]] = Field(default_factory=dict)
 
     @classmethod
     def of(cls, namespace: str, run_id: str, doc: StatsDocument) -> RunAggregate:
@@ -290,10 +376,11 @@ class RunAggregate(RunSummary):
             hits=t.hits, misses=t.misses, errors=t.errors, puts=t.puts, bytes_down=t.bytes_down,
             bytes_up=t.bytes_up, seconds=t.seconds, saved_s=t.saved_s, hit_rate=t.hit_rate,
             environments=doc.environment_summaries(), layers=doc.layers,
+            missed=doc.missed, phases=doc.phases, phase_groups=group_phases(doc.phases), verification=doc.verification,
         )
 
     def summary(self) -> RunSummary:
-        return RunSummary.model_validate(self.model_dump(exclude={"layers"}))
+        return RunSummary.model_validate(self.model_dump(exclude={"layers", "missed", "phases", "phase_groups", "verification"}))
 
     def document(self) -> StatsDocument:
         """The run as a stats document, for the same reports a stats file gets."""
@@ -301,6 +388,7 @@ class RunAggregate(RunSummary):
             processes=self.processes, started_at=self.started_at or None, ended_at=self.ended_at or None,
             run_id=self.run_id, namespace=self.namespace, workload=self.workload, workloads=self.workloads,
             environments=self.environments, layers=self.layers,
+            missed=self.missed, phases=self.phases, verification=self.verification,
         )
 
 

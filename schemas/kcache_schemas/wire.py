@@ -59,6 +59,9 @@ class CacheLayer(str, enum.Enum):
     DYNAMO_PGO = "dynamo-pgo"
     TRITON_MODULE = "triton-module"
     DYNAMO = "dynamo"  # Dynamo's precompile packages (torch._dynamo.config.caching_precompile)
+    # The named parts of a key this layer's producer computed (kcache_schemas.explain): what
+    # `kcache explain` diffs a missed key against. Never looked up by a compile.
+    KEY_COMPONENTS = "key-components"
 
 
 ENTRY_LAYERS = tuple(layer.value for layer in CacheLayer if layer is not CacheLayer.KERNEL)

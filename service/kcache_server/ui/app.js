@@ -217,7 +217,33 @@
         el("tbody", {}, ...(run.environments || []).map((e) => el("tr", {},
           el("td", {}, envLabel(e)), el("td", { class: "num" }, e.processes), el("td", { class: "num" }, e.hits),
           el("td", { class: "num" }, e.misses), el("td", { class: "num" + (e.errors ? " bad" : "") }, e.errors),
-          el("td", { class: "num" }, fmtRate(e.hit_rate)))))));
+          el("td", { class: "num" }, fmtRate(e.hit_rate))))))
+      , ...runInsights(run));
+  }
+
+  // Where the run's start-up time went (torch's phase timers, grouped), what was installed but
+  // not used or refused (post-install checks), and the misses `kcache explain --run` explains.
+  function runInsights(run) {
+    const out = [];
+    const groups = Object.entries(run.phase_groups || {});
+    if (groups.length) {
+      out.push(el("h4", {}, "Start-up phases (seconds; each group's outermost timer: Dynamo contains AOTAutograd, which contains Inductor, ...)"),
+        el("table", { id: "run-phases" },
+          el("thead", {}, el("tr", {}, el("th", {}, "phase"), el("th", { class: "num" }, "seconds"))),
+          el("tbody", {}, ...groups.map(([name, s]) => el("tr", {}, el("td", {}, name), el("td", { class: "num" }, s.toFixed(2)))))));
+    }
+    const checks = Object.entries(run.verification || {}).flatMap(([kind, reasons]) =>
+      Object.entries(reasons).map(([reason, n]) => [kind.replaceAll("_", " "), reason, n]));
+    if (checks.length) {
+      out.push(el("h4", {}, "Post-install checks"),
+        el("table", { id: "run-verification" },
+          el("thead", {}, el("tr", {}, el("th", {}, "finding"), el("th", {}, "reason"), el("th", { class: "num" }, "count"))),
+          el("tbody", {}, ...checks.map(([kind, reason, n]) => el("tr", {}, el("td", {}, kind), el("td", {}, reason), el("td", { class: "num" }, n))))));
+    }
+    if ((run.missed || []).length) {
+      out.push(el("p", { id: "run-missed" }, `${run.missed.length} miss(es) recorded: kcache explain --run ${run.run_id} says why`));
+    }
+    return out;
   }
 
   // ---- storage and top kernels --------------------------------------------------------------
