@@ -5,6 +5,8 @@ from __future__ import annotations
 import base64
 import hashlib
 import string
+import subprocess
+import sys
 
 import pytest
 from kcache_schemas import (
@@ -233,3 +235,18 @@ def test_manifest_is_frozen() -> None:
     m = KernelManifest.model_validate(_manifest())
     with pytest.raises(ValidationError):
         m.key = "x"  # type: ignore[misc]
+
+
+def test_the_package_exports_each_name_from_its_home_and_wire_alone_loads_no_pydantic() -> None:
+    """The package loads its names on first use (Triton imports kcache's cache manager in every
+    process that loads a kernel); every exported name resolves, and ``wire`` needs no pydantic."""
+    import kcache_schemas
+
+    assert sorted(kcache_schemas.__all__) == sorted([*kcache_schemas._HOME_OF, "wire"])
+    for name in kcache_schemas.__all__:
+        assert getattr(kcache_schemas, name) is not None
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        kcache_schemas.nope  # noqa: B018
+    probe = "import sys; from kcache_schemas import wire; print(sorted(m for m in sys.modules if m.startswith('pydantic')))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True).stdout
+    assert out.strip() == "[]", out
