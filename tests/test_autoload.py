@@ -36,6 +36,9 @@ def state():
     if tb is not None:
         out["hooks"] = {n: getattr(tb.TritonBundler.__dict__[n], "__func__", None).__module__
                         for n in ("begin_compile", "put", "collect", "read_and_emit")}
+    cc = sys.modules.get("triton.compiler.compiler")
+    if cc is not None:
+        out["key_hook"] = getattr(cc.get_cache_key, "__module__", None)
     if "kcache.current" in sys.modules:
         rt = sys.modules["kcache.current"].get_runtime()
         out["runtime_url"] = rt.config.url if rt else None
@@ -102,6 +105,18 @@ def test_import_torch_alone_installs_nothing_until_the_bundler_is_imported(tmp_p
     assert set(after_bundler["hooks"].values()) == {"kcache.bundler_hooks"}, after_bundler["hooks"]
     assert after_bundler["runtime_url"] == dead_url
     assert "httpx" in top(after_bundler["modules"])
+    assert "Traceback" not in out["stderr"]
+
+
+def test_a_triton_user_records_kernel_key_parts_and_a_local_hit_never_loads_the_client(tmp_path: Path, dead_url: str) -> None:
+    """``import triton`` hooks Triton's key (for ``kcache explain``) cheaply; the cache manager,
+    which Triton imports for every kernel it loads, brings no pydantic and no httpx."""
+    pytest.importorskip("triton")
+    out = probe(tmp_path, "triton", "kcache.triton_manager", KCACHE_URL=dead_url)
+    after_triton = out["triton"]
+    assert after_triton["key_hook"] == "kcache.kernel_key_parts"
+    assert not top(after_triton["modules"]) & {"httpx", "pydantic", "kcache_schemas"}, after_triton["modules"]
+    assert not top(out["kcache.triton_manager"]["modules"]) & {"httpx", "pydantic"}, out["kcache.triton_manager"]["modules"]
     assert "Traceback" not in out["stderr"]
 
 

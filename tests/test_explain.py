@@ -5,6 +5,7 @@ only ``KCACHE_*`` set, activation by the ``.pth`` at interpreter start, exit rig
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +26,7 @@ pytest_plugins = ["live"]
 
 JOB = Path(__file__).with_name("host_job.py")
 USER_KERNEL_JOB = Path(__file__).with_name("triton_user_job.py")
+KERNEL_JOB = Path(__file__).with_name("triton_kernel_job.py")
 
 
 def run_job(node: Node, url: str, workload: str, job: Path = JOB, **env: str) -> tuple[subprocess.CompletedProcess[str], Path]:
@@ -90,6 +92,27 @@ def test_explain_names_a_changed_inductor_config_flag(live_service, tmp_path: Pa
     out = explain(capsys, "--url", url, "fx-graph", key, "--workload", "explain-flag", "--json")
     [found] = json.loads(out)
     assert [(c["name"], c["stored"], c["wanted"]) for c in found["changes"]] == [("inductor_config[fallback_random]", "False", "True")]
+
+
+def test_explain_names_a_changed_triton_compile_option(live_service, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A Triton user without Inductor: node 2 compiles the same kernel with other warps. Its miss
+    is recorded with Triton's key parts (version, source, backend, options, environment), and
+    explain names the one option that changed; with KCACHE_REQUIRE_HIT=fail, a node that must
+    compile it fails naming it too."""
+    url = live_service.url
+    first, _ = run_job(Node(tmp_path / "a"), url, "kernel-option", KERNEL_JOB, KERNEL_NUM_WARPS="4")
+    second, stats = run_job(Node(tmp_path / "b"), url, "kernel-option", KERNEL_JOB, KERNEL_NUM_WARPS="8")
+    assert result(second) == result(first) == {"name": "scale", "cubin": True}
+    doc = load_stats(stats)
+    assert [m.layer for m in doc.missed] == ["kernel"]
+    out = explain(capsys, "--url", url, "--file", str(stats))
+    assert "options[num_warps]: 4 -> 8" in out, out
+    assert "1 part(s) differ" in out, out
+
+    guarded, _ = run_job(Node(tmp_path / "c"), url, "kernel-option", KERNEL_JOB, KERNEL_NUM_WARPS="2", KCACHE_REQUIRE_HIT="fail")
+    assert guarded.returncode != 0
+    assert "KCACHE_REQUIRE_HIT=fail: Triton must compile kernel" in guarded.stderr, guarded.stderr[-3000:]
+    assert re.search(r"options\[num_warps\]: [48] -> 2", guarded.stderr), guarded.stderr[-3000:]
 
 
 @pytest.mark.slow

@@ -14,34 +14,41 @@ import sys
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations only: at start-up, importlib.abc (importlib.resources, tempfile,
     # shutil, pathlib, ...) and typing cost ~25 ms per interpreter, longer than the rest of site.
+    from collections.abc import Callable
     from importlib.abc import Loader
     from importlib.machinery import ModuleSpec
     from types import ModuleType
     from typing import Any
 
 TRIGGER = "torch._inductor.triton_bundler"
+TRITON_COMPILER = "triton.compiler.compiler"  # where Triton computes its cache keys
 
 
 class _Trigger:  # a meta path finder (the protocol, not the importlib.abc base class: see above)
+    def __init__(self, fullname: str, then: Callable[[ModuleType], None]) -> None:
+        self.fullname, self.then = fullname, then
+
     def find_spec(self, fullname: str, path: Any, target: ModuleType | None = None) -> ModuleSpec | None:
-        if fullname != TRIGGER:
+        if fullname != self.fullname:
             return None
-        sys.meta_path.remove(self)  # one-shot; also keeps the lookup below from recursing
+        # One-shot; also keeps the lookup below from recursing. A new list, not remove(): the
+        # import system is walking this one (see kcache.after_import).
+        sys.meta_path = [f for f in sys.meta_path if f is not self]
         import importlib.util
 
         spec = importlib.util.find_spec(fullname)
         if spec is None or spec.loader is None:
             return spec
-        spec.loader = _ActivateAfter(spec.loader)  # type: ignore[assignment]
+        spec.loader = _RunAfter(spec.loader, self.then)  # type: ignore[assignment]
         return spec
 
 
-class _ActivateAfter:  # a loader: runs the real one, then installs kcache
-    def __init__(self, inner: Loader) -> None:
-        self._inner = inner
+class _RunAfter:  # a loader: runs the real one, then kcache's step; a failing step is only logged
+    def __init__(self, inner: Loader, then: Callable[[ModuleType], None]) -> None:
+        self._inner, self._then = inner, then
 
     def __getattr__(self, name: str) -> Any:  # get_source, get_filename, ...: the real loader's
-        if name == "_inner":
+        if name in ("_inner", "_then"):
             raise AttributeError(name)
         return getattr(self._inner, name)
 
@@ -51,13 +58,24 @@ class _ActivateAfter:  # a loader: runs the real one, then installs kcache
     def exec_module(self, module: ModuleType) -> None:
         self._inner.exec_module(module)
         try:
-            import kcache
-
-            kcache.install()
+            self._then(module)
         except Exception:
             import logging
 
             logging.getLogger("kcache").warning("kcache: automatic activation failed", exc_info=True)
+
+
+def _activate(_bundler: ModuleType) -> None:
+    import kcache
+
+    kcache.install()
+
+
+def _record_kernel_keys(compiler: ModuleType) -> None:
+    # Cheap (no pydantic, no network): remembers each kernel key's parts for `kcache explain`.
+    from kcache import kernel_key_parts
+
+    kernel_key_parts.hook(compiler)
 
 
 def _main() -> None:
@@ -70,6 +88,7 @@ def _main() -> None:
     # Inductor (vLLM, hand-written kernels) get kcache too. Inert unless KCACHE_URL is set.
     if os.environ.get("KCACHE_TRITON_MANAGER", "1") != "0":
         os.environ.setdefault("TRITON_CACHE_MANAGER", "kcache.triton_manager:KcacheCacheManager")
+        sys.meta_path.insert(0, _Trigger(TRITON_COMPILER, _record_kernel_keys))
     if os.environ.get("KCACHE_WORKLOAD") and _claim_prefetch():
         # Start prefetching now, so downloads overlap the job's imports and model construction.
         # The client's own imports (pydantic, httpx, ~0.3 s) happen here, on the main thread:
@@ -82,7 +101,7 @@ def _main() -> None:
 
         kcache.install()
         return
-    sys.meta_path.insert(0, _Trigger())
+    sys.meta_path.insert(0, _Trigger(TRIGGER, _activate))
 
 
 def _claim_prefetch() -> bool:

@@ -40,6 +40,10 @@ def activate(**overrides: Any) -> bool:
     # the one they use from now on.
     ensure_runtime(config)
     use_triton_manager(config)
+    with guard("could not hook Triton's cache key"):
+        from kcache import kernel_key_parts
+
+        kernel_key_parts.install()
     if "torch" in sys.modules or importlib.util.find_spec("torch") is not None:
         with guard("could not hook TritonBundler"):
             from kcache.bundler_hooks import install_bundler_hooks

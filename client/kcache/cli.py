@@ -527,8 +527,8 @@ def build_parser() -> argparse.ArgumentParser:
     unpin.set_defaults(func=_unpin)
 
     explain = remote(sub.add_parser("explain", help="why did it miss: for each miss, the nearest stored key and the parts that differ"))
-    explain.add_argument("layer", nargs="?", metavar="LAYER", help="a layer (fx-graph), with KEY: explain that key")
-    explain.add_argument("key", nargs="?", metavar="KEY", help="the missed key (Inductor's, or as kcache stores it)")
+    explain.add_argument("layer", nargs="?", metavar="LAYER", help="a layer (fx-graph, kernel), with KEY: explain that key")
+    explain.add_argument("key", nargs="?", metavar="KEY", help="the missed key (Inductor's or Triton's, or as kcache stores it)")
     explain.add_argument("--file", help="a stats file or dir (KCACHE_STATS_FILE): explain every miss it recorded")
     explain.add_argument("--run", metavar="ID", help="a run on the service: explain every miss its processes recorded")
     explain.add_argument("--workload", help="with LAYER KEY: the workload whose stored keys to compare with")

@@ -30,8 +30,9 @@ from kcache.http import KcacheClient
 from kcache.workload import fetch_view
 
 COMPONENTS_LAYER = wire.CacheLayer.KEY_COMPONENTS.value
+KERNEL_LAYER = wire.CacheLayer.KERNEL.value
 
-MAX_CANDIDATES = 64  # keys of the same layer fetched per explanation (each a small JSON entry)
+MAX_CANDIDATES = 64  # the workload's last keys of the layer fetched per explanation (small JSON entries)
 
 
 @dataclass
@@ -122,11 +123,12 @@ def explain_key(
                     (f"workload {workload!r} has no run here" if workload else "the job ran without KCACHE_WORKLOAD"))
         return out
     candidates: list[KeyComponents] = []
-    for ref in [e for e in view.entries if e.layer == layer][-MAX_CANDIDATES:]:
-        if graph_key(ref.key) == graph_key(key):
+    stored_keys = view.kernels if layer == KERNEL_LAYER else [e.key for e in view.entries if e.layer == layer]
+    for stored_key in stored_keys[-MAX_CANDIDATES:]:
+        if graph_key(stored_key) == graph_key(key):
             continue
         try:
-            found = fetch_components(client, layer, ref.key)
+            found = fetch_components(client, layer, stored_key)
         except (KcacheError, ValueError):
             continue
         if found is not None:

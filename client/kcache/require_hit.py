@@ -29,7 +29,7 @@ class RequiredHitMissed(RuntimeError):
 def _reason(missed: KeyComponents) -> str:
     """The explanation, bounded by the client's timeouts; a plain note when none can be found."""
     rt = get_runtime()
-    if rt is None or rt.client is None or missed.layer == KERNEL:
+    if rt is None or rt.client is None:
         return "not in the cache"
     from kcache.explain import explain_key
     from kcache.fingerprint import current
@@ -46,12 +46,13 @@ def compile_ahead(layer: str, missed: KeyComponents) -> None:
     policy = rt.config.require_hit if rt is not None else None
     if not policy:
         return
+    if layer == KERNEL and policy != "fail":
+        # A cold kernel set is hundreds of compiles: said once, without a lookup per kernel.
+        warn_once("KCACHE_REQUIRE_HIT=warn: Triton compiles kernels kcache did not have, e.g. " + missed.key)
+        return
     what = "Triton must compile kernel" if layer == KERNEL else f"Inductor must compile {layer}"
     message = (f"KCACHE_REQUIRE_HIT={policy}: {what} {graph_key(missed.key)}: {_reason(missed)}"
                " (run `kcache explain --file $KCACHE_STATS_FILE` for every miss)")
     if policy == "fail":
         raise RequiredHitMissed("kcache: " + message)
-    if layer == KERNEL:
-        warn_once("KCACHE_REQUIRE_HIT=warn: Triton compiles kernels kcache did not have, e.g. " + missed.key)
-    else:
-        log.warning("kcache: %s", message)
+    log.warning("kcache: %s", message)

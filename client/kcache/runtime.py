@@ -273,13 +273,14 @@ class Runtime:
             self.stats.error(layer, exc.reason)
             self.stats.verify("refused", f"{layer}: {exc.reason}")
 
-    def record_miss(self, missed: KeyComponents) -> None:
+    def record_miss(self, missed: KeyComponents, now: bool = False) -> None:
         """A key that missed locally and remotely (the process compiles it next): counted for
-        ``kcache explain``, and its parts stored beside it so any node can explain its misses."""
+        ``kcache explain``, and its parts stored beside it so any node can explain its misses
+        (``now``: sent in this thread, as in compile workers killed without exit handlers)."""
         self.stats.missed(missed.layer, missed.key, self.miss_reason())
         if missed.components:
             data = missed.model_dump_json().encode()
-            self.put_entry(wire.CacheLayer.KEY_COMPONENTS.value, components_key(missed.layer, missed.key), data, record=False)
+            self.put_entry(wire.CacheLayer.KEY_COMPONENTS.value, components_key(missed.layer, missed.key), data, record=False, now=now)
 
     def put_entry(self, layer: str, key: str, data: bytes, compile_time_s: float | None = None, now: bool = False,
                   record: bool = True) -> None:

@@ -28,16 +28,21 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kcache_schemas import wire
-from kcache_schemas.explain import KeyComponents
 from triton.runtime.cache import FileCacheManager
 
+from kcache import kernel_key_parts
 from kcache._process import in_inductor_compile_worker
-from kcache.failopen import warn_once
+from kcache.failopen import guard, warn_once
 
 if TYPE_CHECKING:
     from kcache.runtime import Runtime
 
 HOST_MODULE_LAYER = wire.CacheLayer.TRITON_MODULE.value
+KERNEL_LAYER = wire.CacheLayer.KERNEL.value
+
+# A Triton user without Inductor (no kcache.install()) reaches kcache first here: record the
+# parts of the keys it computes from now on (the autoload hook does it from Triton's import on).
+kernel_key_parts.install()
 
 
 def is_host_module(filename: str) -> bool:
@@ -116,10 +121,17 @@ class KcacheCacheManager(FileCacheManager):  # type: ignore[misc]
             return None
         if outcome in (EmitOutcome.EMITTED, EmitOutcome.EXISTING, EmitOutcome.REPAIRED):
             return super().get_group(filename)  # type: ignore[no-any-return]
+        from kcache_schemas.explain import KeyComponents, from_parts
+
         from kcache import require_hit
 
+        parts = kernel_key_parts.recall(self.key)
+        missed = from_parts(KERNEL_LAYER, self.key, parts) if parts else KeyComponents(layer=KERNEL_LAYER, key=self.key)
+        with guard("could not record a kernel miss"):
+            if outcome is None:  # not a refusal (another GPU, an invalid pack): a miss to explain
+                rt.record_miss(missed, now=in_inductor_compile_worker())
         # Triton compiles it next; KCACHE_REQUIRE_HIT=fail raises here on purpose.
-        require_hit.compile_ahead(require_hit.KERNEL, KeyComponents(layer=require_hit.KERNEL, key=self.key))
+        require_hit.compile_ahead(KERNEL_LAYER, missed)
         return None
 
     def put_group(self, filename: str, group: dict[str, str]) -> str:

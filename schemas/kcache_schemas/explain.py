@@ -3,13 +3,15 @@ nearest one stored.
 
 Inductor computes its FX-graph key from named parts (``FxGraphHashDetails``: every Inductor config
 setting, the torch version, the inputs, system info, user-defined Triton kernel sources, ...) and
-prints them as ``[<hash>] <name>: <value>`` lines. The client keeps those parts, bounded, beside
+prints them as ``[<hash>] <name>: <value>`` lines; Triton builds a kernel's key from its version,
+the kernel source, the backend (ptxas version, GPU arch), every compile option and the
+cache-invalidating environment variables. The client keeps those parts, bounded, beside
 each key it compiled (an entry of the ``key-components`` layer); ``kcache explain`` diffs a missed
 key's parts against the stored keys of the same workload and names the parts that differ. A
 workload found under another environment is explained by its fingerprint's fields.
 
-Values are what torch already prints in its debug lines (truncated here); kcache never adds an
-environment variable's value that torch does not hash into its key.
+Values are what torch already prints in its debug lines, or what Triton hashes into its key
+(truncated here); kcache never adds an environment variable's value that they do not hash in.
 """
 
 from __future__ import annotations
@@ -84,6 +86,12 @@ def parse_debug_lines(lines: Iterable[str]) -> dict[str, Component]:
         if len(out) >= MAX_COMPONENTS:
             break
     return out
+
+
+def from_parts(layer: str, key: str, parts: Mapping[str, tuple[str, str]]) -> KeyComponents:
+    """A key's parts given as ``name -> (hash, value)`` (values bounded like Inductor's lines)."""
+    named = {name: Component(hash=digest[:128], value=_short(value)) for name, (digest, value) in list(parts.items())[:MAX_COMPONENTS]}
+    return KeyComponents(layer=layer, key=key[:512], components=named)
 
 
 def graph_key(key: str) -> str:
