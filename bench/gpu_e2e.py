@@ -56,9 +56,13 @@ from typing import Any
 
 SCENARIOS = [
     "cold", "populate", "kcache-warm", "kcache-prefetch", "kernels-only", "local-warm", "local-warm-kcache",
-    "populate-precompile", "kcache-warm-precompile", "local-warm-precompile",
+    "populate-precompile", "kcache-warm-precompile", "local-warm-precompile", "local-warm-precompile-kcache",
+    "kcache-warm-precompile-again",
 ]
-REPEATED = ("kcache-warm", "local-warm", "local-warm-kcache", "kcache-warm-precompile", "local-warm-precompile")  # what --repeats runs again
+REPEATED = (
+    "kcache-warm", "local-warm", "local-warm-kcache", "kcache-warm-precompile", "local-warm-precompile",
+    "local-warm-precompile-kcache", "kcache-warm-precompile-again",
+)  # what --repeats runs again
 WORKLOADS = ["resnet50", "gpt2-train", "gpt2-autotune", "triton-op"]
 
 
@@ -441,6 +445,10 @@ def run_workload(
         ("populate-precompile", "node-populate-pc", {**on, **pc, **pc_workload}),
         ("kcache-warm-precompile", "node-warm-pc", warm_pc),
         ("local-warm-precompile", "node-populate-pc", {**off, **pc}),  # that node's caches, kcache off
+        # Which part of a fresh node's extra time is kcache in the process, which the node being new:
+        # the populating node's own package with kcache on, and the fresh node a second time.
+        ("local-warm-precompile-kcache", "node-populate-pc", {**on, **pc, "KCACHE_MODE": "readonly"}),
+        ("kcache-warm-precompile-again", "node-warm-pc", warm_pc),
     ]
     runs: dict[str, Any] = {}
     result: dict[str, Any] = {"summary": {}, "runs": runs}
@@ -465,7 +473,7 @@ def run_workload(
                 if scenario not in REPEATED or (scenarios and scenario not in scenarios):
                     continue
                 # kcache-warm needs a fresh node each time; the local scenarios rerun their node.
-                rep_node = node if scenario.startswith("local-warm") else f"{node}-r{i}"
+                rep_node = node if scenario.startswith("local-warm") or scenario.endswith("-again") else f"{node}-r{i}"
                 rep = run_node(workload, f"{scenario}-r{i}", wroot / rep_node, device, env, timeout, default_env)
                 runs.setdefault(f"{scenario}-repeats", []).append(rep.get("first_call_s"))
                 runs.setdefault(f"{scenario}-repeat-reports", []).append(rep)
@@ -476,13 +484,14 @@ def run_workload(
         for scenario, node, env in plans:
             if scenario not in (profile or []) or scenario == "cold":
                 continue
-            prof_node = node if scenario.startswith("local-warm") else f"{node}-profiled"  # local: its warm node
+            prof_node = node if scenario.startswith("local-warm") or scenario.endswith("-again") else f"{node}-profiled"
             rep = run_node(workload, f"{scenario}-profiled", wroot / prof_node, device, {**env, "KCACHE_BENCH_PROFILE": "1"}, timeout, default_env)
             runs[f"{scenario}-profiled"] = rep
             text = wroot / prof_node / f"out-{scenario}-profiled" / "profile.txt"
             if profile_out is not None and text.exists():
                 profile_out.mkdir(parents=True, exist_ok=True)
                 shutil.copy(text, profile_out / f"{workload}-{scenario}.txt")
+                shutil.copy(text.with_name("profile.pstats"), profile_out / f"{workload}-{scenario}.pstats")
             print(f"[{workload}] {scenario} profiled: {rep.get('first_call_s', rep.get('error'))}", flush=True)
     finally:
         service.stop()
