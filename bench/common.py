@@ -42,7 +42,7 @@ DEFAULT_N = 500
 
 def corpus_dirs(n: int) -> list[Path]:
     """The kernel dirs of the first ``n`` corpus specs (compiled on first use, then cached)."""
-    from bench import corpus
+    from kcache_testkit import corpus
 
     root = corpus.cached_corpus(n)
     manifest = json.loads((corpus.CORPUS_ROOT / f"{corpus._tag()}.manifest.json").read_text())

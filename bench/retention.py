@@ -4,7 +4,7 @@
   ``--memory-sample`` kernel records through the index's real ``put_if_absent`` script, then
   their blob references through the real ``claim_blob`` script, then as many entry records
   (``fx-graph``). Records carry real metadata: the ``KernelEntry`` JSON of real sm_90 kernels
-  compiled by Triton on the CPU (``bench.corpus.compile_small``), under distinct keys; entries the
+  compiled by Triton on the CPU (``kcache_testkit.corpus.compile_small``), under distinct keys; entries the
   ``EntryInfo`` JSON the service writes. Reported per 1,000 and as a ratio to the metadata's own
   bytes (what Redis adds on top of the JSON it stores).
 * **GC over ``--entries`` (100,000) kernel records** in one namespace, on Redis and on SQLite,
