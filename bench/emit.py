@@ -145,8 +145,6 @@ def populate_triton_redis(port: int, dirs: list[Path]) -> None:
 class TritonRunner:
     """(d): Triton's RemoteCacheManager + RedisRemoteCacheBackend, as triton.compile uses it."""
 
-    _ENV = ("TRITON_CACHE_DIR", "TRITON_REMOTE_CACHE_BACKEND", "TRITON_REDIS_HOST", "TRITON_REDIS_PORT")
-
     def __init__(self, port: int, dirs: list[Path]) -> None:
         import redis  # noqa: F401 - imported by the backend on first use; not part of the timing
         import triton
@@ -165,26 +163,20 @@ class TritonRunner:
     def __call__(self, r: int) -> None:
         from triton.runtime.cache import RemoteCacheManager
 
+        from kcache_testkit.corpus import env_overlay
+
         dest = _dest(f"emit-triton-{r}")
-        saved = {k: os.environ.get(k) for k in self._ENV}
-        os.environ.update({
+        with env_overlay({
             "TRITON_REMOTE_CACHE_BACKEND": "triton.runtime.cache:RedisRemoteCacheBackend",
             "TRITON_REDIS_HOST": common.HOST,
             "TRITON_REDIS_PORT": str(self.port),
             "TRITON_CACHE_DIR": str(dest),
-        })
-        try:
+        }):
             t0 = time.perf_counter()
             for key, meta in self.names:
                 if not RemoteCacheManager(key).get_group(meta):
                     raise RuntimeError(f"triton remote cache missed {key}")
             self.runs.append(time.perf_counter() - t0)
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
         common.drop_dir(dest)
 
     def result(self) -> dict[str, Any]:

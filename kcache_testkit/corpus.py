@@ -490,7 +490,7 @@ def make_corpus(
 
 
 @contextlib.contextmanager
-def _env_overlay(values: dict[str, str]) -> Iterator[None]:
+def env_overlay(values: dict[str, str]) -> Iterator[None]:
     """Set ``values`` in os.environ for the duration, restoring the previous state after."""
     saved = {k: os.environ.get(k) for k in values}
     os.environ.update(values)
@@ -509,7 +509,7 @@ def _compile_env(dest: Path) -> Iterator[None]:
     """In-process equivalent of _worker_init, undone on exit."""
     # scope() restores both knobs.cache's env vars and any value set programmatically; the
     # programmatic value (knobs.cache.dir = ...) would otherwise win over the env var.
-    with triton.knobs.cache.scope(), _env_overlay(COMPILE_ENV):
+    with triton.knobs.cache.scope(), env_overlay(COMPILE_ENV):
         triton.knobs.cache.dir = str(dest)
         yield
 
@@ -553,7 +553,7 @@ def _fingerprint() -> str:
     # line number, so any edit above a kernel changes that kernel's key too.
     from triton._C.libtriton import get_cache_invalidating_env_vars
 
-    with _env_overlay(COMPILE_ENV):
+    with env_overlay(COMPILE_ENV):
         env = sorted(get_cache_invalidating_env_vars().items())
     h = hashlib.sha256(Path(__file__).read_bytes())
     h.update(json.dumps([triton.__version__, env]).encode())

@@ -48,7 +48,26 @@ def unique(prefix: str = "t") -> str:
 # ---- SeaweedFS ---------------------------------------------------------------------------------
 
 
-class SeaweedFS:
+class _OwnedServer:
+    """A server process we started (not daemonized: we hold its pid), for tests that kill,
+    freeze and thaw their backends."""
+
+    proc: subprocess.Popen[bytes] | None = None
+
+    def stop(self, sig: int = signal.SIGKILL) -> None:
+        kill(self.proc, sig)
+        self.proc = None
+
+    def pause(self) -> None:
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGCONT)
+
+
+class SeaweedFS(_OwnedServer):
     """``weed mini`` (master + volume + filer + S3 in one process) on free loopback ports.
 
     Ports and the data dir are fixed at construction, so :meth:`restart` brings the same
@@ -133,21 +152,9 @@ class SeaweedFS:
             timeout, self.proc, self.log,
         )
 
-    def stop(self, sig: int = signal.SIGKILL) -> None:
-        kill(self.proc, sig)
-        self.proc = None
-
     def restart(self, timeout: float = 60) -> None:
         self.stop()
         self.start(timeout)
-
-    def pause(self) -> None:
-        assert self.proc is not None
-        os.kill(self.proc.pid, signal.SIGSTOP)
-
-    def resume(self) -> None:
-        assert self.proc is not None
-        os.kill(self.proc.pid, signal.SIGCONT)
 
     def client(self) -> Any:
         import boto3
@@ -179,7 +186,7 @@ class SeaweedFS:
 # ---- Redis -------------------------------------------------------------------------------------
 
 
-class RedisServer:
+class RedisServer(_OwnedServer):
     """One ``redis-server`` we own (not daemonized, so we hold its pid) on a free port."""
 
     def __init__(self, root: Path, port: int | None = None, extra: list[str] | None = None) -> None:
@@ -205,21 +212,10 @@ class RedisServer:
         wait_until(f"redis-server :{self.port}", lambda: redis_ping(self.port), timeout, self.proc, self.log)
         return self
 
-    def stop(self, sig: int = signal.SIGKILL) -> None:
-        kill(self.proc, sig)
-        self.proc = None
-
     def restart(self) -> None:
         self.stop()
         self.start()
 
-    def pause(self) -> None:
-        assert self.proc is not None
-        os.kill(self.proc.pid, signal.SIGSTOP)
-
-    def resume(self) -> None:
-        assert self.proc is not None
-        os.kill(self.proc.pid, signal.SIGCONT)
 
 
 def redis_ping(port: int) -> bool:
