@@ -351,3 +351,32 @@ def test_bundler_hooks_with_a_dead_service(
         while kernel_counts(rt).put_errors < len(kernels) and time.monotonic() < deadline:
             time.sleep(0.02)
         assert rt.stats.snapshot()["kernel"].put_errors == len(kernels)
+
+
+@pytest.mark.parametrize("broken", ["parts_of", "recall"])
+def test_a_bug_in_recording_kernel_key_parts_never_reaches_the_compile(
+    broken: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The key-parts hook runs inside Triton's compile (``get_cache_key``) and on each miss of the
+    cache manager: whatever it raises is one warning, and Triton compiles the kernel as always."""
+    from kcache import kernel_key_parts
+
+    from kcache_testkit.corpus import compile_small
+
+    def bug(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("a bug of ours")
+
+    from kcache import failopen
+
+    monkeypatch.setattr(failopen, "_warned", set())  # said once per process: this test's own
+    monkeypatch.setattr(kernel_key_parts, broken, bug)
+    with FaultServer("refuse") as dead:
+        kcache.install(url=dead.url, layers="none")
+        try:
+            with caplog.at_level("WARNING", logger="kcache"):
+                [compiled] = compile_small(tmp_path / "triton", count=1)  # the service has no copy
+            assert list(compiled.glob("__grp__*.json")), list(compiled.iterdir())
+        finally:
+            kcache.uninstall()
+    said = {"parts_of": "could not record a Triton key's parts", "recall": "could not record a kernel miss"}[broken]
+    assert f"kcache: {said}: RuntimeError: a bug of ours" in caplog.text, caplog.text

@@ -42,7 +42,9 @@ KERNEL_LAYER = wire.CacheLayer.KERNEL.value
 
 # A Triton user without Inductor (no kcache.install()) reaches kcache first here: record the
 # parts of the keys it computes from now on (the autoload hook does it from Triton's import on).
-kernel_key_parts.install()
+# Triton imports this module inside its compile: nothing here may raise.
+with guard("could not hook Triton's cache key"):
+    kernel_key_parts.install()
 
 
 def is_host_module(filename: str) -> bool:
@@ -125,9 +127,11 @@ class KcacheCacheManager(FileCacheManager):  # type: ignore[misc]
 
         from kcache import require_hit
 
-        parts = kernel_key_parts.recall(self.key)
-        missed = from_parts(KERNEL_LAYER, self.key, parts) if parts else KeyComponents(layer=KERNEL_LAYER, key=self.key)
+        missed = KeyComponents(layer=KERNEL_LAYER, key=self.key)
         with guard("could not record a kernel miss"):
+            parts = kernel_key_parts.recall(self.key)
+            if parts:
+                missed = from_parts(KERNEL_LAYER, self.key, parts)
             if outcome is None:  # not a refusal (another GPU, an invalid pack): a miss to explain
                 rt.record_miss(missed, now=in_inductor_compile_worker())
         # Triton compiles it next; KCACHE_REQUIRE_HIT=fail raises here on purpose.
