@@ -17,7 +17,6 @@ Values are what Triton hashes into its key, nothing else.
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import inspect
 import os
@@ -98,14 +97,17 @@ def parts_of(key: str, src: Any, backend: Any, options: Any, env_vars: Any) -> P
 
 def manager_key(key: str) -> str:
     """The key Triton hands its cache manager for key string ``key`` (``_base32(sha256)``)."""
-    digest = hashlib.sha256(key.encode("utf-8")).digest()
-    return base64.b32encode(digest).decode("ascii").rstrip("=")
+    # Here, not at module level: `import triton` loads this module and stays free of kcache_schemas.
+    from kcache_schemas.keys import hex_to_kernel_key
+
+    return hex_to_kernel_key(hashlib.sha256(key.encode("utf-8")).hexdigest())
 
 
 def remember(key: str, parts: Parts) -> None:
+    known_as = manager_key(key)
     with _lock:
-        _remembered[manager_key(key)] = parts
-        _remembered.move_to_end(manager_key(key))
+        _remembered[known_as] = parts
+        _remembered.move_to_end(known_as)
         while len(_remembered) > MAX_REMEMBERED:
             _remembered.popitem(last=False)
 
