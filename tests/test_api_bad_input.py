@@ -18,6 +18,7 @@ from kcache_schemas import PackError, read_pack
 from kcache_schemas.pack import MANIFEST_NAME, MEDIA_TYPE
 
 from kcache_testkit.kernels import Kernel
+from kcache_testkit.pace import bound
 
 pytest.register_assert_rewrite("api_helpers")
 
@@ -341,7 +342,7 @@ def test_huge_extended_header_is_refused_fast(client: httpx.Client, ns: str, ker
         pack = raw_pack(members)
     start = time.monotonic()
     _refused(client, ns, kernel, pack, 400, "invalid_pack", "extended tar header")
-    assert time.monotonic() - start < 10
+    assert time.monotonic() - start < bound(0, 20_000)  # ~10 s idle: no super-linear parse
 
 
 def test_manifest_declares_too_much(limited_client: httpx.Client, ns: str, kernel: Kernel) -> None:

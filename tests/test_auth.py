@@ -14,6 +14,7 @@ from kcache_server.settings import Settings
 from pydantic import ValidationError
 
 from kcache_testkit.kernels import Kernel
+from kcache_testkit.pace import bound
 
 pytest.register_assert_rewrite("api_helpers")
 
@@ -202,7 +203,7 @@ def test_kcache_serve_refuses_open_non_loopback_bind(tmp_path: Path) -> None:
     assert proc.returncode != 0
     assert "refusing to bind 0.0.0.0 without tokens" in proc.stderr
     assert "Traceback" not in proc.stderr
-    assert time.monotonic() - start < 20
+    assert time.monotonic() - start < bound(0, 40_000)  # ~20 s idle
     assert not (tmp_path / "d").exists()  # refused before touching storage
 
 

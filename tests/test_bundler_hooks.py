@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 
 torch = pytest.importorskip("torch")
+
+pytestmark = pytest.mark.torch
 import kcache  # noqa: E402
 from kcache.bundler_hooks import _kernel_artifacts, _with_kernels  # noqa: E402
 from kcache.config import ClientConfig  # noqa: E402
@@ -20,6 +22,8 @@ from kcache.http import KcacheClient  # noqa: E402
 from kcache_schemas.pack import read_kernel_dir  # noqa: E402
 from torch._inductor import config as inductor_config  # noqa: E402
 from torch._inductor.triton_bundler import TritonBundler  # noqa: E402
+
+from kcache_testkit.pace import bound  # noqa: E402
 
 pytest_plugins = ["live"]
 
@@ -61,7 +65,7 @@ def test_collect_uploads_every_kernel_in_the_background(live_service, real_kerne
 
         _m, files = read_pack(client.get_pack(ka.kernel_hash))
         assert files == {a.filename: a.payload for a in ka.artifacts}
-    assert collect_s < 1.0  # uploads happen off the compile path
+    assert collect_s < bound(0, 2_000)  # ~1 s idle: uploads happen off the compile path
 
 
 _READ_AND_EMIT = textwrap.dedent(

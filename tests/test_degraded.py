@@ -28,13 +28,22 @@ from kcache_server.storage import BackendUnavailable, IndexRecord
 from kcache_server.storage.redis_index import RedisIndex
 from kcache_server.storage.s3_blobs import S3AccessDenied, S3BlobStore
 
+from kcache_testkit.pace import bound
 from kcache_testkit.ports import free_port, wait_until
 from kcache_testkit.service import ServerProcess, backend_server
 
 pytestmark = pytest.mark.slow
 
 TIMEOUT_S = 2.0  # KCACHE_BACKEND_TIMEOUT_S of the service under test
-LIMIT_S = 5.0  # no request may take longer than this during an outage
+# No request may take longer during an outage than the backend deadline twice (one attempt may use
+# it whole after fast failures retried within it) plus the machine's pace (kcache_testkit.pace):
+# about 5 s on an idle machine.
+OUTAGE_DEADLINES_S = 2 * TIMEOUT_S
+OUTAGE_SLACK_PROBES = 2000
+
+
+def _limit_s() -> float:
+    return bound(OUTAGE_DEADLINES_S, OUTAGE_SLACK_PROBES)
 NS = "degraded"
 
 
@@ -86,7 +95,7 @@ def _assert_all_unavailable(calls: dict[str, Callable[[], Any]], timeout_s: floa
         assert isinstance(out, BackendUnavailable), f"{name}: {out!r}"
         # One attempt may use the whole timeout, after fast failures retried within it; an S3
         # PUT also waits up to botocore's fixed 1 s for "100 Continue" before sending its body.
-        assert took < 2 * timeout_s + 1.2, f"{name} took {took:.1f}s"
+        assert took < bound(2 * timeout_s + 1.0, 400), f"{name} took {took:.1f}s"
 
 
 @pytest.fixture(params=["refused", "hang", "reset"])
@@ -218,7 +227,7 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
 
 def _assert_503(resp: httpx.Response, took: float, what: str) -> None:
     assert resp.status_code == 503, f"{what}: {resp.status_code} {resp.text[:300]}"
-    assert took < LIMIT_S, f"{what} took {took:.1f}s"
+    assert took < _limit_s(), f"{what} took {took:.1f}s"
     if resp.request.method != "HEAD":
         body = resp.json()
         assert body.get("error", {}).get("code") == "backend_unavailable" or what == "readyz", body
@@ -235,7 +244,7 @@ def _assert_outage(rig: Rig, stored: str, new: str, failing: str) -> None:
     if failing == "index":
         _assert_503(resp, took, "missing")
     else:  # the index still answers what is stored
-        assert resp.status_code == 200 and resp.json()["missing"] == [new] and took < LIMIT_S
+        assert resp.status_code == 200 and resp.json()["missing"] == [new] and took < _limit_s()
 
 
 def _retry_put(rig: Rig, key: str, within: float = 30) -> httpx.Response:
@@ -244,7 +253,7 @@ def _retry_put(rig: Rig, key: str, within: float = 30) -> httpx.Response:
     deadline = time.monotonic() + within
     while True:
         resp, took = rig.put(key)
-        assert took < LIMIT_S
+        assert took < _limit_s()
         if resp.status_code != 503 or time.monotonic() > deadline:
             return resp
         time.sleep(0.2)
@@ -258,7 +267,7 @@ def test_redis_outage_and_recovery(rig: Rig) -> None:
     _assert_outage(rig, stored=a, new=b, failing="index")
 
     rig.redis.start()  # same port, empty (no persistence)
-    assert rig.wait_ready() < 15
+    assert rig.wait_ready() < bound(0, 30_000)  # ~15 s idle
     resp, _ = rig.put(b)
     assert resp.status_code == 201, resp.text
     resp, _ = rig.get(b)
@@ -271,7 +280,7 @@ def test_redis_outage_and_recovery(rig: Rig) -> None:
         _assert_outage(rig, stored=a, new=c, failing="index")
     finally:
         rig.redis.resume()
-    rig.wait_ready(15)
+    rig.wait_ready(bound(0, 30_000))
     resp, _ = rig.get(b)
     assert resp.status_code == 200 and resp.content == rig.packs[b]
 
@@ -283,11 +292,11 @@ def test_s3_outage_and_recovery(rig: Rig) -> None:
     rig.weed.stop()  # SIGKILL
     _assert_outage(rig, stored=d, new=e, failing="blobs")
     resp, took = rig.request("GET", f"/v1/{NS}/kernels/{d}/manifest")
-    assert resp.status_code == 200 and took < LIMIT_S  # metadata lives in the index
+    assert resp.status_code == 200 and took < _limit_s()  # metadata lives in the index
 
     rig.weed.start()  # same data dir and ports
     rig.weed.wait_serving(rig.bucket)  # SeaweedFS itself needs a moment to be whole again
-    assert rig.wait_ready() < 15
+    assert rig.wait_ready() < bound(0, 30_000)  # ~15 s idle
     resp, _ = rig.get(d)
     assert resp.status_code == 200 and resp.content == rig.packs[d]  # survived the crash
     resp = _retry_put(rig, e)
@@ -300,7 +309,7 @@ def test_s3_outage_and_recovery(rig: Rig) -> None:
     finally:
         rig.weed.resume()
     rig.weed.wait_serving(rig.bucket)
-    rig.wait_ready(15)
+    rig.wait_ready(bound(0, 30_000))
     resp = _retry_put(rig, f)
     assert resp.status_code == 201, resp.text
     for key in (d, e, f):

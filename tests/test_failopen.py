@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import statistics
 import threading
 import time
 import uuid
@@ -29,13 +30,20 @@ from kcache_schemas.stats import LayerCounts
 
 from kcache_testkit.kernels import Kernel, real_kernels
 from kcache_testkit.netfaults import FaultServer
+from kcache_testkit.pace import bound
 from kcache_testkit.service import ServerProcess, clean_env
+
+pytestmark = pytest.mark.torch
 
 CONNECT, READ, RETRIES, FAILURES = 0.2, 0.5, 1, 3
 # (connect + read) per attempt, every attempt; the slack covers the 50 ms retry backoff, one
 # trickle interval (a deadline is checked when a byte arrives) and a loaded CI machine.
-BUDGET = (CONNECT + READ) * (1 + RETRIES) + 0.6
-OPEN_CALL_S = 0.010  # a call while the breaker is open must not touch the network
+# Bounds are the configured deadlines plus a multiple of the machine's pace measured in the test
+# (kcache_testkit.pace): about 0.5 s and 10 ms on an idle machine, more on a loaded one.
+DEADLINES_S = (CONNECT + READ) * (1 + RETRIES)
+SLACK_PROBES = 1000
+OPEN_CALL_PROBES = 20  # a call while the breaker is open must not touch the network
+SUBMIT_MAX_PROBES = 200  # the slowest of many upload submits (one may be preempted)
 ABSENT_KEY = hex_to_kernel_key(hashlib.sha256(b"kcache fail-open test: never stored").hexdigest())
 LAYER = "fx-graph"
 ENTRY_KEY = "pt2:fx-graph-v1::failopen:c1"
@@ -135,7 +143,8 @@ def test_calls_fail_open_within_budget_then_breaker_keeps_off_network(fault: Fau
         for name, call in compile_path_calls(cache_dir).items():
             result, elapsed = timed(lambda call=call: call(rt))
             assert result is None, name
-            assert elapsed < BUDGET, f"{name} took {elapsed:.2f}s, budget {BUDGET:.2f}s"
+            budget = bound(DEADLINES_S, SLACK_PROBES)
+            assert elapsed < budget, f"{name} took {elapsed:.2f}s, budget {budget:.2f}s"
 
         snap = rt.stats.snapshot()
         assert snap["kernel"].errors == 2 and snap[LAYER].errors == 1, snap
@@ -146,11 +155,16 @@ def test_calls_fail_open_within_budget_then_breaker_keeps_off_network(fault: Fau
         # Open: calls return at once and the server sees nothing new.
         time.sleep(0.05)
         seen = (fault.connections, fault.requests)
+        took: dict[str, list[float]] = {}
         for _round in range(3):
             for name, call in compile_path_calls(cache_dir).items():
                 result, elapsed = timed(lambda call=call: call(rt))
                 assert result is None, name
-                assert elapsed < OPEN_CALL_S, f"{name} took {elapsed * 1e3:.1f} ms with the breaker open"
+                took.setdefault(name, []).append(elapsed)
+        # The median of three: one call preempted on a loaded machine is not a network wait (the
+        # connection counts below are the proof that nothing reached the server).
+        for name, times in took.items():
+            assert statistics.median(times) < bound(0, OPEN_CALL_PROBES), f"{name} took {times} s with the breaker open"
         time.sleep(0.1)
         assert (fault.connections, fault.requests) == seen
         assert totals(rt) == {"hits": 0, "misses": 0, "errors": 12}
@@ -184,7 +198,8 @@ def test_half_open_lets_one_probe_through_and_a_recovered_service_closes_it(
         time.sleep(0.02)
         while probe.is_alive():
             result, elapsed = timed(lambda: fetch(rt))
-            assert result is None and elapsed < OPEN_CALL_S, f"caller waited {elapsed * 1e3:.1f} ms behind the probe"
+            # Waiting behind the probe would take its connect deadline at least.
+            assert result is None and elapsed < min(CONNECT, bound(0, SUBMIT_MAX_PROBES)), f"caller waited {elapsed * 1e3:.1f} ms behind the probe"
             time.sleep(0.05)
         probe.join()
         assert probe_result == [None]
@@ -256,13 +271,15 @@ def test_uploads_never_block_the_caller_and_close_is_bounded(mode: str, kernels:
         for i in range(20):  # more than the queue holds: dropped and counted, never waited for
             _, elapsed = timed(lambda i=i: rt.put_entry(LAYER, f"{ENTRY_KEY}{i}", b"x" * 4096, 1.0))
             waits.append(elapsed)
-        assert max(waits) < OPEN_CALL_S, f"a submit blocked for {max(waits) * 1e3:.1f} ms"
+        # Typical submits take no time; none waits as long as a network call would (READ).
+        assert statistics.median(waits) < bound(0, OPEN_CALL_PROBES), f"submits took {statistics.median(waits) * 1e3:.1f} ms"
+        assert max(waits) < min(READ, bound(0, SUBMIT_MAX_PROBES)), f"a submit blocked for {max(waits) * 1e3:.1f} ms"
 
         _, elapsed = timed(rt.close)
         if mode == "refuse":  # known dead after its first refusal: exit does not wait for it
-            assert elapsed < 0.5, f"close() took {elapsed:.2f}s with a service that refuses"
+            assert elapsed < bound(0, SLACK_PROBES), f"close() took {elapsed:.2f}s with a service that refuses"
         else:  # not known dead (it may just be slow): exit waits, but never past the cap
-            assert elapsed < flush + 0.5, f"close() took {elapsed:.2f}s, past the {flush}s cap"
+            assert elapsed < bound(flush, SLACK_PROBES), f"close() took {elapsed:.2f}s, past the {flush}s cap"
         if mode == "refuse":  # fast failures: the uploader accounts for them right after
             deadline = time.monotonic() + 2
             while kernel_counts(rt).put_errors < len(kernels) and time.monotonic() < deadline:
@@ -325,7 +342,7 @@ def test_bundler_hooks_with_a_dead_service(
             dst = tmp_path / "dst"
             bundle, metadata, elapsed = run_bundler(src, dst, keys, monkeypatch)
             # Uploads went to the background; nothing on this thread waited on the network.
-            assert elapsed < READ, f"the hooked bundler took {elapsed:.2f}s with the service down"
+            assert elapsed < bound(0, SLACK_PROBES), f"the hooked bundler took {elapsed:.2f}s with the service down"
             assert sorted(ka.kernel_hash for ka in bundle.kernel_artifacts) == sorted(keys)
             assert metadata is not None
             assert sorted(metadata.cached_kernel_names) == sorted(k.name for k in kernels)
@@ -338,7 +355,7 @@ def test_bundler_hooks_with_a_dead_service(
             assert not [p for p in dst.iterdir() if p.name.startswith("tmp.")]
         finally:
             _, elapsed = timed(kcache.uninstall)
-        assert elapsed < flush + 0.5, f"uninstall took {elapsed:.2f}s with flush_timeout_s={flush}"
+        assert elapsed < bound(flush, SLACK_PROBES), f"uninstall took {elapsed:.2f}s with flush_timeout_s={flush}"
     assert get_runtime() is None
     after = {n: TritonBundler.__dict__.get(n) for n in WRAPPED}
     assert all(after[n] is before[n] for n in WRAPPED), "uninstall did not restore TritonBundler"

@@ -22,6 +22,7 @@ from kcache_schemas import PackError, read_pack
 from kcache_schemas.pack import MEDIA_TYPE, verify_pack
 
 from kcache_testkit.kernels import Kernel
+from kcache_testkit.pace import bound
 
 pytest.register_assert_rewrite("api_helpers")
 
@@ -71,7 +72,7 @@ def test_fuzzed_packs_are_refused_with_4xx_or_stored_intact(tmp_path: Path, kern
                 assert client.head(url).status_code == 404, where
         assert client.get("/v1/fuzz/kernels").json()["items"] == []
 
-    assert slowest < 10, f"a mutant took {slowest:.1f} s"  # no hang (a bound, not a timing)
+    assert slowest < bound(0, 20_000), f"a mutant took {slowest:.1f} s"  # no hang (a bound, not a timing)
     refused = Counter(name for (name, status), n in outcomes.items() for _ in range(n) if status >= 400)
     assert set(refused) == set(MUTATIONS), outcomes  # every mutation produced refusals
     assert sum(refused.values()) > COUNT * 0.8, outcomes

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from kcache_testkit.pace import bound
 from kcache_testkit.service import ServerProcess, clean_env
 
 pytestmark = pytest.mark.slow
@@ -98,7 +99,7 @@ def test_a_trickling_upload_holds_the_budget_until_its_deadline(server: ServerPr
             raw = _read_until_closed(a)  # the server closes A's connection after its 408
             assert _status(raw) == 408, raw[:300]
             assert b"connection: close" in raw.lower() and b"request_timeout" in raw
-            assert 3.5 < time.monotonic() - started < 15  # the 4 s deadline, not the idle one
+            assert 3.5 < time.monotonic() - started < bound(4.0, 20_000)  # the 4 s deadline, not the idle one
             assert c.put(ENTRY.format("eight-mib"), content=body).status_code == 201  # budget back
             assert c.head(ENTRY.format("trickle")).status_code == 404
     finally:
@@ -114,7 +115,7 @@ def test_a_stalled_upload_is_cut_off_when_idle(server: ServerProcess) -> None:
         raw = _read_until_closed(sock)
         sock.close()
         assert _status(raw) == 408 and b"between its parts" in raw, raw[:300]
-        assert time.monotonic() - started < 10
+        assert time.monotonic() - started < bound(1.0, 18_000)  # the 1 s idle deadline
         assert _metric(c, 408) == before + 1
         assert c.head(ENTRY.format("stalled")).status_code == 404
 
