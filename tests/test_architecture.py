@@ -210,3 +210,35 @@ def test_every_import_of_our_own_modules_in_bench_and_the_kit_resolves() -> None
     the kit) would only show when someone runs them."""
     missing = [m for root in (BENCH, TESTKIT) for p in _sources(root) for m in _unresolved_imports(p)]
     assert not missing, "imports that do not resolve: " + ", ".join(missing)
+
+
+# ---- the torch matrix runs by marker ------------------------------------------------------------
+
+TESTS = REPO / "tests"
+_TOUCHES_TORCH = re.compile(
+    r"""^\s*(?:import|from)\s+(?:torch|triton)\b"""  # imports torch or Triton (at any depth)
+    r"""|importorskip\(["'](?:torch|triton)["']\)"""  # needs them
+    r"""|\b\w*_job\.py\b|\bJOB\s*=""",  # runs a job interpreter (tests/*_job.py: a torch job)
+    re.MULTILINE,
+)
+
+
+def _touches_torch(source: str) -> bool:
+    return bool(_TOUCHES_TORCH.search(source))
+
+
+def test_every_test_module_that_touches_torch_carries_the_torch_marker() -> None:
+    """``scripts/torch_matrix.sh`` runs ``-m torch`` on the other torch versions: a module that
+    drives torch or Triton and carries no marker would silently run on the default torch alone."""
+    unmarked = [
+        p.name for p in sorted(TESTS.glob("test_*.py"))
+        if _touches_torch(p.read_text()) and "pytest.mark.torch" not in p.read_text()
+    ]
+    assert not unmarked, "mark these pytest.mark.torch (module pytestmark or the tests that touch torch):\n" + "\n".join(unmarked)
+
+
+def test_the_torch_marker_check_finds_a_module_that_touches_torch() -> None:
+    assert _touches_torch("import pytest\n\ndef test_x():\n    import torch._inductor\n")
+    assert _touches_torch('torch = pytest.importorskip("torch")\n')
+    assert _touches_torch('JOB = REPO / "tests" / "host_job.py"\n')
+    assert not _touches_torch('ENV = {"torch": "2.13.0", "triton": "3.9.0"}\n')

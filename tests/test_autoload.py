@@ -21,7 +21,7 @@ import pytest
 from kcache_testkit.netfaults import FaultServer
 from kcache_testkit.service import clean_env
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.torch]
 
 WATCHED = ("kcache", "kcache_schemas", "httpx", "pydantic", "zstandard", "torch", "triton")
 

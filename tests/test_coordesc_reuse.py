@@ -22,6 +22,8 @@ from torch._inductor.runtime.autotune_cache import AutotuneCache
 from torch._inductor.runtime.runtime_utils import triton_config_to_hashable
 from triton import Config
 
+pytestmark = pytest.mark.torch
+
 META = {"coordinate_descent_tuning": True, "autotune_local_cache": True, "autotune_remote_cache": False}
 
 

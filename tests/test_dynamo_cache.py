@@ -20,6 +20,8 @@ import pytest
 from test_host_safety import Node
 
 torch = pytest.importorskip("torch")
+
+pytestmark = pytest.mark.torch
 pytest_plugins = ["live"]
 
 from kcache.config import ClientConfig  # noqa: E402

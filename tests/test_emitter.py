@@ -20,6 +20,8 @@ from kcache_schemas.pack import pack_kernel_dir, read_kernel_dir, read_pack
 
 from kcache_testkit.corpus import _compile_env, cached_corpus, compile_small, corpus_specs
 
+pytestmark = pytest.mark.torch
+
 pytest_plugins = ["live"]
 
 

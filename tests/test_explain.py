@@ -22,6 +22,8 @@ from kcache_schemas.explain import Component, KeyComponents, diff, nearest, pars
 from kcache_testkit.nodes import Node
 
 pytest.importorskip("torch")
+
+pytestmark = pytest.mark.torch
 pytest_plugins = ["live"]
 
 JOB = Path(__file__).with_name("host_job.py")

@@ -19,6 +19,8 @@ from kcache_testkit.service import with_testkit
 
 pytest_plugins = ["live"]
 pytest.importorskip("torch")
+
+pytestmark = pytest.mark.torch
 JOB = Path(__file__).with_name("fleet_job.py")
 LAYERS = "fx-graph,aot-autograd"  # the layers a CPU compile exercises
 

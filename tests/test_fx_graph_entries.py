@@ -14,6 +14,8 @@ from kcache import fx_graph_entries as fx
 from kcache.config import ClientConfig
 from kcache.http import KcacheClient
 
+pytestmark = pytest.mark.torch
+
 pytest_plugins = ["live"]
 
 

@@ -13,6 +13,8 @@ from typing import Any
 import pytest
 
 torch = pytest.importorskip("torch")
+
+pytestmark = pytest.mark.torch
 from kcache import dirs, failopen, fx_graph_entries, patching  # noqa: E402
 from kcache.after_import import imported  # noqa: E402
 

@@ -40,6 +40,7 @@ def test_kernel_key_base32_and_hex_normalise_to_the_same_key(seed: bytes) -> Non
     assert normalize_kernel_key(hexkey.upper()) == b32
 
 
+@pytest.mark.torch
 def test_kernel_key_matches_triton_dir_naming() -> None:
     from triton.runtime.cache import _base32
 

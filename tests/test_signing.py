@@ -31,6 +31,8 @@ from kcache_server.app import create_app
 from kcache_server.settings import Settings
 from pydantic import ValidationError
 
+pytestmark = pytest.mark.torch
+
 if TYPE_CHECKING:
     from live import LiveService
 

@@ -22,6 +22,8 @@ from kcache_testkit.kernels import real_kernels
 from kcache_testkit.nodes import Node
 
 pytest.importorskip("torch")
+
+pytestmark = pytest.mark.torch
 pytest_plugins = ["live"]
 
 JOB = Path(__file__).with_name("host_job.py")
