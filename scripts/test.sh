@@ -54,7 +54,7 @@ fi
 
 ruff check .
 mypy
-python -m pytest "$@"
+python -m pytest --durations=30 "$@"
 # The torch-marked tests on the oldest and newest supported torch (README, "Supported versions");
 # KCACHE_TORCH_MATRIX="" skips it.
 if [ -n "$matrix_pid" ]; then
