@@ -290,7 +290,6 @@ class Service:
 
 
 _T0 = time.monotonic()
-_CURRENT: list[subprocess.Popen[str]] = []  # the node running now (killed on SIGTERM)
 
 
 def log(msg: str) -> None:
@@ -353,7 +352,6 @@ def run_node(
     t0 = time.perf_counter()
     # Its own session, so a node cut off by its timeout goes with its compile workers.
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    _CURRENT.append(proc)
     timed_out = False
     try:
         stdout, stderr = proc.communicate(timeout=max(1.0, timeout))
@@ -361,8 +359,10 @@ def run_node(
         timed_out = True
         _kill(proc)
         stdout, stderr = proc.communicate()
-    finally:
-        _CURRENT.remove(proc)
+    except BaseException:  # SIGTERM/Ctrl-C of the bench: the node goes too
+        _kill(proc)
+        proc.wait()
+        raise
     ended_at = time.time()
     wall = time.perf_counter() - t0
     (out / "stderr.txt").write_text(stderr[-200_000:])
@@ -497,6 +497,11 @@ PREREQ = {
     "kcache-warm-precompile-again": "kcache-warm-precompile",
 }
 HEAVY = ("cold", "populate", "populate-precompile", "kernels-only")  # they compile
+# "--workloads bert@pc": the workload with these scenarios instead of --scenarios (a second row
+# in the table; with GPUS=N in run_issue26.sh, on a GPU of its own).
+VARIANTS = {
+    "pc": ["cold", "local-warm", "populate-precompile", "kcache-warm-precompile", "copied-warm-precompile"],
+}
 
 
 @dataclass
@@ -577,15 +582,20 @@ class WorkloadBench:
 
     def __init__(self, workload: str, args: argparse.Namespace, budget: Budget, save: Any, selected: list[str]) -> None:
         self.workload, self.args, self.budget, self.save = workload, args, budget, save
-        self.root = Path(args.work_dir) / workload
-        self.plans = plans_for(workload, args.default_env)
-        self.spec = workload_specs().get(workload)
+        # "name@variant": the workload with the variant's scenarios (VARIANTS), e.g. bert@pc.
+        self.base, _, variant = workload.partition("@")
+        ident = workload.replace("@", "-")  # node dirs and KCACHE_WORKLOAD names
+        self.root = Path(args.work_dir) / ident
+        self.plans = plans_for(ident, args.default_env)
+        self.spec = workload_specs().get(self.base)
+        if variant:
+            selected = VARIANTS[variant]
         self.runs: dict[str, Any] = {}
         self.result: dict[str, Any] = {"summary": {}, "runs": self.runs, "skipped": [], "order": []}
         self.services: dict[str, Service] = {}
         self.walls: dict[str, list[float]] = {}
         packable = self.spec is None or self.spec.precompile_ok or args.force_precompile
-        chosen = not args.precompile_workloads or workload in args.precompile_workloads.split(",")
+        chosen = bool(variant) or not args.precompile_workloads or workload in args.precompile_workloads.split(",")
         self.order = [s for s in scenario_order(selected) if (packable and chosen) or "precompile" not in s]
         for s in scenario_order(selected):
             if s not in self.order:
@@ -651,7 +661,7 @@ class WorkloadBench:
             return None
         est, left = self.estimate(scenario), self.budget.left()
         if left < est * 1.1:
-            self.skip(scenario, k, f"budget: ~{est:.0f} s needed, {max(left, 0):.0f} s left")
+            self.skip(scenario, k, f"budget: {max(left, 0):.0f} s left, {est * 1.1:.0f} s needed (1.1 x its slowest run so far, or the estimate)")
             return None
         env = dict(plan.env)
         extra_service = None
@@ -666,7 +676,7 @@ class WorkloadBench:
         copied = copy_caches(self.root / plan.copy_from, self.root / node, self.args.default_env) if plan.copy_from else None
         log(f"[{self.workload}] {label} ..." + (f" (copied {copied['mb']} MB, {copied['files']} files in {copied['seconds']} s)" if copied else ""))
         try:
-            rep = run_node(self.workload, label, self.root / node, self.args.device, env, min(self.args.timeout, left), self.args.default_env, self.args.sizes)
+            rep = run_node(self.base, label, self.root / node, self.args.device, env, min(self.args.timeout, left), self.args.default_env, self.args.sizes)
         finally:
             if extra_service is not None:
                 extra_service.stop()
@@ -770,6 +780,7 @@ def summarize(runs: dict[str, Any]) -> dict[str, Any]:
                 "runs_with_traceback": sum(bool(e.get("tracebacks")) for e in errs),
                 "kcache_lines": sum(e.get("kcache_lines", 0) for e in errs),
                 "exceptions": list(dict.fromkeys(x for e in errs for x in e.get("exceptions", [])))[:4],
+                "errors": list(dict.fromkeys(r["error"].split(":")[0] for r in reports if "error" in r))[:3],
                 "kcache_first": list(dict.fromkeys(x for e in errs for x in e.get("kcache_first", [])))[:4],
             }
         if not values:
@@ -803,6 +814,8 @@ def markdown_table(results: dict[str, Any]) -> str:
     workloads = results["workloads"]
     ran = [s for s in SCENARIOS if any(s in w["summary"].get("stats", {}) or s in w["summary"].get("health", {}) for w in workloads.values())]
     env = results.get("environment", {})
+    if not ran:
+        return "No run finished.\n"
     lines = [
         f"## kcache GPU e2e - {env.get('gpu', env.get('device', '?'))}, torch {env.get('torch', '?')}, triton {env.get('triton', '?')}, "
         f"{env.get('environment', '?')} env, {env.get('date', '')}",
@@ -858,7 +871,7 @@ def markdown_table(results: dict[str, Any]) -> str:
             bad = h["failed"] or h["tracebacks"] or h["kcache_lines"]
             cell = f"{h['runs']}/{h['failed']}/{h['tracebacks']}/{h['kcache_lines']}"
             cells.append((f"**{cell}**" if bad else cell) + (f"; {ttfr[s]:.1f}" if s in ttfr else ""))
-            for x in h["exceptions"][:2] + h["kcache_first"][:2]:
+            for x in h.get("errors", []) + h["exceptions"][:2] + h["kcache_first"][:2]:
                 notes.append(f"- {name} {s}: `{x[:200]}`")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
         for sk in w.get("skipped", []):
@@ -932,9 +945,10 @@ def preflight(workloads: list[str]) -> list[str]:
     specs = workload_specs()
     runnable = []
     for w in workloads:
-        spec = specs.get(w)
-        if spec is None:
-            log(f"unknown workload {w} (known: {', '.join(specs)}): skipped")
+        base, _, variant = w.partition("@")
+        spec = specs.get(base)
+        if spec is None or (variant and variant not in VARIANTS):
+            log(f"unknown workload {w} (known: {', '.join(specs)}; variants @{', @'.join(VARIANTS)}): skipped")
             continue
         missing = [need for need in spec.needs if not any(importlib.util.find_spec(m) for m in need.split("|"))]
         if missing:
@@ -1029,8 +1043,6 @@ def main() -> int:
                 b.run_profiled(args.profile.split(","), out / "profiles")
     except KeyboardInterrupt as e:
         log(f"interrupted ({e}): the table below has what ran")
-        for proc in list(_CURRENT):
-            _kill(proc)
     finally:
         for b in benches:
             b.stop()
