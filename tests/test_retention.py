@@ -23,7 +23,8 @@ from api_helpers import ADMIN_TOKEN, WRITE_TOKEN
 from fastapi.testclient import TestClient
 from kcache_schemas import PackLimits, Producer
 from kcache_schemas.models import EntryRef, EnvFingerprint, WorkloadManifest
-from kcache_schemas.retention import GcReport, GcRequest, parse_bytes, parse_duration
+from kcache_schemas.retention import GcReport, GcRequest
+from kcache_schemas.units import parse_bytes, parse_duration
 from kcache_server import pins, workloads
 from kcache_server.app import create_app
 from kcache_server.errors import GcBusy, InsufficientStorage, InvalidRequest, NotFound
@@ -555,7 +556,7 @@ def test_gc_and_pins_over_rest_need_admin(tmp_path: Path, kernels: list[Kernel])
 
 
 @pytest.mark.parametrize(("rules", "message"), [
-    ('{"default": {"soft_limit": "lots"}}', "KCACHE_RETENTION: default.soft_limit: not a size: 'lots'"),
+    ('{"default": {"soft_limit": "lots"}}', "KCACHE_RETENTION: default.soft_limit: 'lots': not a size"),
     ('{"namespaces": {"ci": {"soft_limit": "2GB", "hard_limit": "1GB"}}}', "soft_limit (2000000000) is above hard_limit"),
     ('{"default": {"hard_limit": "1GB"}, "namespaces": {"ci": {"soft_limit": "2GB"}}}', "namespaces.ci: soft limit 2000000000 is above the hard limit"),
     ('{"defaults": {}}', "KCACHE_RETENTION: defaults: Extra inputs are not permitted"),
@@ -580,7 +581,8 @@ def test_serve_refuses_invalid_retention_in_one_line(tmp_path: Path) -> None:
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines() == [
-        "kcache: invalid settings: settings: KCACHE_RETENTION: default.min_age: not a duration: 'soon' (use e.g. 90s, 30m, 12h, 7d or seconds)"]
+        "kcache: invalid settings: KCACHE_RETENTION: default.min_age: 'soon': not a duration; use a number with a unit: "
+        "500ms, 90s, 30m, 12h, 7d, 2w, or combined: 1h30m; a bare number is seconds"]
 
 
 def test_policy_merges_namespace_over_default() -> None:

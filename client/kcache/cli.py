@@ -315,7 +315,8 @@ def _keygen(args: argparse.Namespace) -> int:
 def _gc(args: argparse.Namespace) -> int:
     """Scan, plan and (unless --dry-run) evict on the service, then print the plan and the outcome."""
     from kcache_schemas import wire
-    from kcache_schemas.retention import GcReport, GcRequest, parse_bytes, parse_duration
+    from kcache_schemas.retention import GcReport, GcRequest
+    from kcache_schemas.units import parse_bytes, parse_duration
 
     try:
         request = GcRequest(
@@ -339,8 +340,8 @@ def format_gc_report(r: GcReport) -> str:
     from datetime import datetime
 
     from kcache_schemas.retention import REASON_BUDGET, REASON_ENV, REASON_TTL
-    from kcache_schemas.retention import format_bytes as size
-    from kcache_schemas.retention import format_duration as ago
+    from kcache_schemas.units import format_bytes as size
+    from kcache_schemas.units import format_duration as ago
 
     p = r.policy
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from kcache_server.settings import Settings
+from kcache_server.settings import Settings, describe_errors
 
 
 class JsonFormatter(logging.Formatter):
@@ -52,8 +52,7 @@ def serve(settings_overrides: dict[str, Any]) -> None:
     try:
         settings = Settings()
     except ValidationError as exc:  # e.g. a weak token: say which setting, not a traceback
-        errors = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'settings'}: {e['msg'].removeprefix('Value error, ')}" for e in exc.errors())
-        raise SystemExit(f"kcache: invalid settings: {errors}") from None
+        raise SystemExit(f"kcache: invalid settings: {describe_errors(exc)}") from None
     settings.check_bind()
     import uvicorn
 
