@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 from kcache import _autoload, config
+from kcache.cli import _age, _size, hit_rate_bar
 from kcache.config import ClientConfig, settings_or_off
 from kcache.errors import ConfigError
 from kcache.stats import load_stats
@@ -46,6 +47,7 @@ def test_one_byte_grammar_on_every_side(text: str, expected: int) -> None:
     assert config.parse_bytes(text) == expected
     assert Settings(max_pack_bytes=text).max_pack_bytes == expected
     assert RetentionConfig.model_validate({"default": {"hard_limit": text}}).default.hard_limit == expected
+    assert _size(text) == expected
 
 
 @pytest.mark.parametrize("text", NOT_BYTES)
@@ -67,6 +69,7 @@ def test_one_duration_grammar_on_every_side(text: str, seconds: float) -> None:
     assert parse_duration(text) == seconds
     assert RetentionConfig.model_validate({"default": {"min_age": text}}).default.min_age == seconds
     assert Settings(body_timeout_s=text).body_timeout_s == seconds
+    assert _age(text) == seconds
 
 
 def test_a_bare_number_is_seconds_where_the_name_says_so_and_refused_by_gc_flags() -> None:
@@ -76,6 +79,12 @@ def test_a_bare_number_is_seconds_where_the_name_says_so_and_refused_by_gc_flags
     for bad in ("-1h", "soon", "7x", "inf", "1h-30m"):
         with pytest.raises(ValueError, match=r"not a duration|must not be negative"):
             parse_duration(bad)
+
+
+@pytest.mark.parametrize(("text", "percent"), [("80%", 80.0), ("80", 80.0), ("0.8", 80.0), ("100", 100.0),
+                                                ("0.5%", 0.5), ("1", 1.0), ("0", 0.0)])
+def test_fail_under_reads_percent_and_fractions(text: str, percent: float) -> None:
+    assert hit_rate_bar(text) == pytest.approx(percent)
 
 
 # ---- client settings -------------------------------------------------------------------------------
