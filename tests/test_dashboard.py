@@ -343,3 +343,51 @@ def test_dashboard_in_chromium(tmp_path: Path, real_kernel_dirs: list[Path]) -> 
         width, height, colours, ink = png_stats((tmp_path / name).read_bytes())
         assert width >= 600 and height >= 150, (name, width, height)
         assert colours > 20 and ink > 0.05, (name, colours, ink)  # not blank
+
+
+# ---- /docs offline ---------------------------------------------------------------------------------
+
+
+def test_api_docs_reference_only_assets_the_service_serves(client: TestClient) -> None:
+    """Swagger UI comes from the package, not cdn.jsdelivr.net (before: a blank page offline)."""
+    import re
+
+    page = client.get("/docs")
+    assert page.status_code == 200 and "swagger-ui" in page.text
+    urls = re.findall(r"""(?:src|href|url)\s*[:=]\s*['"]([^'"]+)['"]""", page.text)
+    assert urls and all(u.startswith("/") for u in urls), urls  # nothing from another origin
+    assert "//" not in "".join(urls) and "cdn" not in page.text and "tiangolo" not in page.text
+    for u in urls:
+        r = client.get(u)
+        assert r.status_code == 200 and r.content, u
+    assert client.get("/docs/static/README.md").status_code == 404  # only the assets themselves
+    assert client.get("/redoc").status_code == 404  # CDN-only: off rather than blank
+
+
+@pytest.mark.slow
+def test_api_docs_render_in_chromium_with_no_network(tmp_path: Path) -> None:
+    """Every request to another origin is refused: Swagger UI still lists the operations."""
+    sync_playwright = _browser_or_skip()
+    from live import LiveService
+    from playwright.sync_api import expect
+
+    with LiveService(tmp_path / "svc") as svc, sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page()
+            foreign: list[str] = []
+
+            def offline(route: Any) -> None:
+                if route.request.url.startswith(svc.url):
+                    route.continue_()
+                else:
+                    foreign.append(route.request.url)
+                    route.abort()
+
+            page.route("**/*", offline)
+            page.goto(f"{svc.url}/docs")
+            expect(page.locator(".opblock").first).to_be_visible(timeout=30_000)
+            assert page.locator(".opblock").count() > 20
+            assert foreign == []
+        finally:
+            browser.close()

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from kcache.config import DEFAULT_LOCAL_MAX_BYTES, ClientConfig, parse_bytes
+from kcache.errors import ConfigError
 from kcache.local_store import LocalEntryStore
 
 URL = "http://cache.example:8765"
@@ -131,4 +132,5 @@ def test_the_budget_setting(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> 
     monkeypatch.setenv("KCACHE_LOCAL_MAX_BYTES", "0")
     assert ClientConfig.from_env(url=URL).local_store().max_bytes is None  # 0: unbounded
     monkeypatch.setenv("KCACHE_LOCAL_MAX_BYTES", "lots")
-    assert ClientConfig.from_env().local_max_bytes == DEFAULT_LOCAL_MAX_BYTES  # a typo never breaks the job
+    with pytest.raises(ConfigError, match="KCACHE_LOCAL_MAX_BYTES='lots': not a size"):
+        ClientConfig.from_env()  # never silently the default (tests/test_settings.py: what install() and autoload do)

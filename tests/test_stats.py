@@ -79,7 +79,7 @@ def test_summary_line() -> None:
     doc = _doc(kernel={"hits": 31, "misses": 3, "nbytes": 400_000, "puts": 2}, **{"fx-graph": {"hits": 10, "saved": 3.8}})
     line = summary_line(doc)
     assert line.startswith("kcache: 41 hits, 3 misses, 0 errors (93.2% hit rate) | fx-graph 10/10 | kernel 31/34 | ")
-    assert "12.4 MB down, 0.0 MB up (2 puts)" in line and "~38.0 s compile saved" in line and "\n" not in line
+    assert "12.4 MB down, 2.0 kB up (2 puts)" in line and "~38.0 s compile saved" in line and "\n" not in line
     assert "(1 errors)" in summary_line(_doc(kernel={"hits": 1, "errors": 1}))
     assert "(no lookups)" in summary_line(_doc())
 

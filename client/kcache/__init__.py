@@ -18,7 +18,9 @@ __all__ = ["__version__", "install", "uninstall"]
 def install(url: str | None = None, **options: Any) -> bool:
     """Activate kcache in this process. Options override ``KCACHE_*`` env vars
     (``token``, ``namespace``, ``mode``, timeouts, ...). Returns False when kcache is off
-    (no URL or ``mode="off"``); never raises because the service is unreachable."""
+    (no URL or ``mode="off"``); never raises because the service is unreachable. A setting that
+    does not parse raises ``kcache.errors.ConfigError`` (a ValueError) naming it, before anything
+    is switched on."""
     from kcache.activation import activate
 
     return activate(url=url, **options)

@@ -66,9 +66,17 @@ class _RunAfter:  # a loader: runs the real one, then kcache's step; a failing s
 
 
 def _activate(_bundler: ModuleType) -> None:
-    import kcache
+    from kcache.activation import autoactivate
 
-    kcache.install()
+    autoactivate()
+
+
+def _refuse(_module: ModuleType) -> None:
+    # KCACHE_MODE (or a switch) does not parse: kcache stays off; say so once, where kcache
+    # would have started (the message, naming every setting that does not parse, is config's).
+    from kcache.config import settings_or_off
+
+    settings_or_off()
 
 
 def _record_kernel_keys(compiler: ModuleType) -> None:
@@ -78,15 +86,36 @@ def _record_kernel_keys(compiler: ModuleType) -> None:
     kernel_key_parts.hook(compiler)
 
 
+# kcache.config's spellings of KCACHE_MODE and of a switch, again (this module imports nothing):
+# tests/test_settings.py keeps them equal.
+MODES_ON = ("readwrite", "read-write", "rw", "readonly", "read-only", "ro")
+MODE_OFF = "off"
+SWITCH_ON = ("1", "true", "yes", "on")
+SWITCH_OFF = ("0", "false", "no", "off")
+
+
+def _switch(name: str) -> bool | None:
+    """A switch that defaults to on; None: not a switch."""
+    value = os.environ.get(name, "").strip().lower()
+    return True if not value or value in SWITCH_ON else False if value in SWITCH_OFF else None
+
+
 def _main() -> None:
-    # Case as ClientConfig.from_env reads it: "OFF" must not set TRITON_CACHE_MANAGER or hook.
-    if not os.environ.get("KCACHE_URL") or os.environ.get("KCACHE_MODE", "").lower() == "off":
+    # Spelled as ClientConfig.from_env reads it: "OFF" must not set TRITON_CACHE_MANAGER or hook.
+    mode = os.environ.get("KCACHE_MODE", "").strip().lower().replace("_", "-")
+    autoload, manager = _switch("KCACHE_AUTOLOAD"), _switch("KCACHE_TRITON_MANAGER")
+    if not os.environ.get("KCACHE_URL", "").strip() or mode == MODE_OFF or autoload is False:
         return
-    if os.environ.get("KCACHE_AUTOLOAD", "1") == "0":
+    if (mode and mode not in MODES_ON) or autoload is None or manager is None:
+        # A switch that does not parse is never read as on (KCACHE_MODE=read-onyl must not
+        # upload): nothing is hooked or set, and the first Inductor or Triton import says why,
+        # once (kcache.config names every setting that does not parse).
+        sys.meta_path.insert(0, _Trigger(TRIGGER, _refuse))
+        sys.meta_path.insert(0, _Trigger(TRITON_COMPILER, _refuse))
         return
     # Triton looks up its cache manager per compile; set it now so that Triton users without
     # Inductor (vLLM, hand-written kernels) get kcache too. Inert unless KCACHE_URL is set.
-    if os.environ.get("KCACHE_TRITON_MANAGER", "1") != "0":
+    if manager:
         os.environ.setdefault("TRITON_CACHE_MANAGER", "kcache.triton_manager:KcacheCacheManager")
         sys.meta_path.insert(0, _Trigger(TRITON_COMPILER, _record_kernel_keys))
     if os.environ.get("KCACHE_WORKLOAD") and _claim_prefetch():
@@ -97,9 +126,9 @@ def _main() -> None:
         # thread the runtime starts then only moves bytes.
         _start_prefetch()
     if TRIGGER in sys.modules:
-        import kcache
+        from kcache.activation import autoactivate
 
-        kcache.install()
+        autoactivate()
         return
     sys.meta_path.insert(0, _Trigger(TRIGGER, _activate))
 
@@ -112,10 +141,12 @@ def _claim_prefetch() -> bool:
 
 def _start_prefetch() -> None:
     try:
-        from kcache.config import ClientConfig
+        from kcache.config import settings_or_off
         from kcache.current import ensure_runtime
 
-        ensure_runtime(ClientConfig.from_env())  # starts the kcache-prefetch thread
+        config = settings_or_off()  # a setting that does not parse: one warning, kcache off
+        if config is not None:
+            ensure_runtime(config)  # starts the kcache-prefetch thread
     except Exception:
         import logging
 

@@ -9,7 +9,7 @@ import sys
 from typing import Any
 
 from kcache import patching
-from kcache.config import ClientConfig
+from kcache.config import ClientConfig, selected_layers, settings_or_off
 from kcache.current import ensure_runtime, stop_runtime
 from kcache.failopen import guard
 
@@ -27,7 +27,19 @@ def use_triton_manager(config: ClientConfig) -> None:
 
 
 def activate(**overrides: Any) -> bool:
-    config = ClientConfig.from_env(**overrides)
+    """``kcache.install()``: a setting that does not parse raises ConfigError, before anything is
+    switched on."""
+    return _activate(ClientConfig.from_env(**overrides), overrides)
+
+
+def autoactivate() -> bool:
+    """Activation nobody asked for in code (``KCACHE_URL`` at interpreter start): a setting that
+    does not parse is one warning and kcache stays off, never a less strict kcache than asked."""
+    config = settings_or_off()
+    return config is not None and _activate(config, {})
+
+
+def _activate(config: ClientConfig, overrides: dict[str, Any]) -> bool:
     if not config.enabled:
         return False
     # Explicit install() arguments must reach Inductor's compile workers too.
@@ -50,12 +62,11 @@ def activate(**overrides: Any) -> bool:
 
             install_bundler_hooks()
         with guard("could not serve Inductor's remote caches"):
-            from kcache.remote_cache import install_remote_caches, selected_layers
+            from kcache.remote_cache import install_remote_caches
 
             install_remote_caches(selected_layers(config.layers))
         with guard("could not serve Dynamo's precompile cache"):
             from kcache import dynamo_cache
-            from kcache.remote_cache import selected_layers
 
             if dynamo_cache.LAYER in selected_layers(config.layers):
                 dynamo_cache.install()

@@ -1,4 +1,10 @@
-"""The ``kcache`` command line."""
+"""The ``kcache`` command line.
+
+Exit codes (README, "CLI"): 0 done; 1 the command failed (the service refused or could not be
+reached, a path, workload or key that does not exist, kernels refused); 2 a wrong argument or
+setting (argparse's usage errors, a value that does not parse, ``KCACHE_*`` included), and for
+``kcache stats --fail-under`` a hit rate under the bar (coverage.py's habit); 130 interrupted.
+"""
 
 from __future__ import annotations
 
@@ -10,21 +16,79 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kcache import __version__
 from kcache.config import ClientConfig
-from kcache.errors import KcacheError
+from kcache.errors import ConfigError, KcacheError, NotFound, ServiceUnavailable
 
 if TYPE_CHECKING:
     from kcache_schemas.retention import GcReport
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+def _flag(name: str) -> str:
+    """How the CLI spells a setting it was given (for errors): ``--namespace``."""
+    return "--" + name.replace("_", "-")
 
 
 def _client(args: argparse.Namespace, read_timeout_s: float = 30.0):  # type: ignore[no-untyped-def]
     from kcache.http import KcacheClient
 
-    config = ClientConfig.from_env(url=args.url, token=args.token, namespace=args.namespace)
+    config = ClientConfig.from_env(given_as=_flag, url=args.url, token=args.token, namespace=args.namespace)
     if not config.url:
-        raise SystemExit("kcache: no service URL: pass --url or set KCACHE_URL")
+        raise ConfigError("no service URL: pass --url or set KCACHE_URL (e.g. http://127.0.0.1:8765)")
     # The CLI is interactive, not on a compile path: allow slower answers than the hooks do.
     return KcacheClient(ClientConfig(**{**config.__dict__, "read_timeout_s": max(config.read_timeout_s, read_timeout_s), "connect_timeout_s": max(config.connect_timeout_s, 5.0)}))
+
+
+def plural(n: int, noun: str) -> str:
+    """``1 kernel``, ``3 kernels``, ``2 processes``."""
+    if n == 1:
+        return f"{n} {noun}"
+    if noun.endswith("y") and noun[-2:-1] not in "aeiou":
+        return f"{n} {noun[:-1]}ies"
+    return f"{n} {noun}es" if noun.endswith(("s", "sh", "ch", "x")) else f"{n} {noun}s"
+
+
+def _size_text(n: int | float) -> str:
+    from kcache_schemas.units import format_bytes
+
+    return format_bytes(n)
+
+
+def _size(raw: str) -> int:
+    """An argument in kcache_schemas.units' byte grammar (``40GB``, ``500MiB``, bytes)."""
+    from kcache_schemas.units import parse_bytes
+
+    try:
+        return parse_bytes(raw)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _age(raw: str) -> float:
+    """A duration with its unit (``7d``, ``1h``): a bare number is refused (``--older-than 7`` was
+    read as seconds), except ``0``."""
+    from kcache_schemas.units import parse_duration
+
+    try:
+        return parse_duration(raw, bare_seconds=False)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def hit_rate_bar(raw: str) -> float:
+    """``--fail-under``, as a percentage: ``80%`` and ``80`` are 80 %, and so is the fraction
+    ``0.8`` (a bare number below 1 is a fraction; below 1 % write ``0.5%``). 0-100 %."""
+    text = raw.strip()
+    try:
+        value = float(text.removesuffix("%").strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{raw!r} is not a hit rate: use 80%, 80 or 0.8 (all mean 80 %)") from None
+    percent = value if text.endswith("%") or value >= 1 else value * 100
+    if not 0 <= percent <= 100:
+        raise argparse.ArgumentTypeError(f"{raw!r} is not a hit rate: it must be within 0-100 % (80%, 80 or 0.8)")
+    return percent
 
 
 SERVE_ENTRY_POINTS = "kcache.serve"
@@ -45,7 +109,7 @@ def _serve(args: argparse.Namespace) -> int:
         print("kcache serve needs the service, which this install lacks (kcache-client is the client alone): pip install kcache", file=sys.stderr)
         return 2
     serve({"host": args.host, "port": args.port, "data_dir": args.data_dir, "workers": args.workers, "log_level": args.log_level})
-    return 0
+    return EXIT_OK
 
 
 def kernel_dirs(cache_dir: Path) -> list[Path]:
@@ -72,8 +136,16 @@ def _push(args: argparse.Namespace) -> int:
     from kcache.runtime import producer_info
 
     cache_dir = Path(args.dir) if args.dir else triton_cache_dir()
+    if not cache_dir.is_dir():
+        given = "" if args.dir else " (the default Triton cache dir: $TRITON_CACHE_DIR or ~/.triton/cache; pass DIR)"
+        print(f"kcache push: {cache_dir}: no such directory{given}", file=sys.stderr)
+        return EXIT_FAILED
     client = _client(args)
     dirs = kernel_dirs(cache_dir)
+    if not dirs:
+        print(f"kcache push: no kernel dirs in {cache_dir} (a kernel dir is named by Triton's 52-char key "
+              "and holds a __grp__*.json); nothing to push", file=sys.stderr)
+        return EXIT_OK
     missing = set(client.missing([d.name for d in dirs]))
     todo = [d for d in dirs if d.name in missing]
     progress = Progress("push", len(todo))
@@ -97,10 +169,10 @@ def _push(args: argparse.Namespace) -> int:
     for line in skipped:
         print(f"skipped {line}", file=sys.stderr)
     print(
-        f"pushed {len(todo) - len(skipped)} kernels ({progress.nbytes / 1e6:.1f} MB) in {progress.seconds:.2f}s; "
+        f"pushed {plural(len(todo) - len(skipped), 'kernel')} ({_size_text(progress.nbytes)}) in {progress.seconds:.2f}s; "
         f"{len(dirs) - len(todo)} already present, {len(skipped)} skipped; from {cache_dir}"
     )
-    return 0
+    return EXIT_OK
 
 
 def _pull(args: argparse.Namespace) -> int:
@@ -130,7 +202,7 @@ def _pull(args: argparse.Namespace) -> int:
     got = sum(outcomes.values()) + bad
     detail = ", ".join(f"{n} {k}" for k, n in sorted(outcomes.items()))
     print(
-        f"pulled {got} of {len(keys)} kernels ({progress.nbytes / 1e6:.1f} MB) in {progress.seconds:.2f}s"
+        f"pulled {got} of {plural(len(keys), 'kernel')} ({_size_text(progress.nbytes)}) in {progress.seconds:.2f}s"
         f" into {dest}: {detail or 'none'}; {len(keys) - got} not found, {bad} refused"
     )
     emitted = outcomes.get(EmitOutcome.EMITTED.value, 0) + outcomes.get(EmitOutcome.EXISTING.value, 0)
@@ -164,9 +236,9 @@ def _warm(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     counts = pull_workload(client, view, local, dest, check_target=not args.no_target_check)
     print(
-        f"warmed {args.workload}: {counts['kernels']}/{len(view.kernels)} kernels ({counts['kernel_bytes'] / 1e6:.1f} MB) into {local.root}"
+        f"warmed {args.workload}: {counts['kernels']}/{plural(len(view.kernels), 'kernel')} ({_size_text(counts['kernel_bytes'])}) into {local.root}"
         f"{f' and {dest}' if dest else ''}, "
-        f"{counts['entries']}/{len(view.entries)} entries ({counts['entry_bytes'] / 1e6:.1f} MB) into {local.root}, "
+        f"{counts['entries']}/{plural(len(view.entries), 'entry')} ({_size_text(counts['entry_bytes'])}) into {local.root}, "
         f"{counts['refused']} refused, in {time.perf_counter() - t0:.2f}s"
     )
     return 0 if counts["refused"] == 0 else 1
@@ -191,7 +263,7 @@ def _ls_workloads(args: argparse.Namespace) -> int:
         for fp in w.fingerprints:
             mark = " (this machine)" if fp.id == here else ""
             print(f"{w.name[:32]:32}  {w.runs:>4}  {fp.id:16}  {fp.describe()}{mark}")
-    print(f"{len(summaries)} workloads; this machine: {current().describe()}", file=sys.stderr)
+    print(f"{plural(len(summaries), 'workload')}; this machine: {current().describe()}", file=sys.stderr)
     return 0
 
 
@@ -206,8 +278,8 @@ def _ls(args: argparse.Namespace) -> int:
     print(f"{'KEY':52}  {'NAME':32}  {'TARGET':12}  {'TRITON':8}  {'FILES':>5}  {'SIZE':>10}  CREATED")
     for e in entries:
         target = f"{e.target.device_type.value}:{e.target.arch}"
-        print(f"{e.key:52}  {e.kernel_name[:32]:32}  {target:12}  {e.triton_version[:8]:8}  {len(e.files):>5}  {e.total_size:>10}  {e.created_at:%Y-%m-%d %H:%M}")
-    print(f"{len(entries)} kernels", file=sys.stderr)
+        print(f"{e.key:52}  {e.kernel_name[:32]:32}  {target:12}  {e.triton_version[:8]:8}  {len(e.files):>5}  {_size_text(e.total_size):>10}  {e.created_at:%Y-%m-%d %H:%M}")
+    print(plural(len(entries), "kernel"), file=sys.stderr)
     return 0
 
 
@@ -220,12 +292,17 @@ def _inspect(args: argparse.Namespace) -> int:
         return 0
     print(f"key            {entry.key}\nkernel         {entry.kernel_name}\nnamespace      {entry.namespace}")
     print(f"target         {entry.target.device_type.value} arch {entry.target.arch} warp {entry.target.warp_size}")
-    print(f"triton         {entry.triton_version}\nsize           {entry.total_size} bytes unpacked, {entry.pack_size} packed")
-    print(f"created        {entry.created_at.isoformat()}\nproducer       {entry.producer.model_dump(exclude_none=True)}")
+    print(f"triton         {entry.triton_version}\nsize           {_size_text(entry.total_size)} unpacked, {_size_text(entry.pack_size)} packed")
+    print(f"created        {entry.created_at.isoformat()}\nproducer       {_fields(entry.producer.model_dump(exclude_none=True))}")
     print("files")
     for f in entry.files:
-        print(f"  {f.name:40} {f.size:>10}  {f.sha256[:16]}")
+        print(f"  {f.name:40} {_size_text(f.size):>10}  {f.sha256[:16]}")
     return 0
+
+
+def _fields(values: dict[str, object]) -> str:
+    """``kcache_version=0.1.0 host=n1``: a record for people, not a Python dict."""
+    return " ".join(f"{k}={v}" for k, v in values.items()) or "-"
 
 
 def _inspect_entry(args: argparse.Namespace) -> int:
@@ -267,8 +344,8 @@ def _inspect_entry(args: argparse.Namespace) -> int:
         }, indent=2))
         return 1 if accepted is False else 0
     print(f"layer          {info.layer}\nkey            {info.key}\nnamespace      {info.namespace}")
-    print(f"size           {info.size} bytes\nsha256         {info.sha256}\nstored         {info.created_at.isoformat()}")
-    print(f"producer       {info.producer.model_dump(exclude_none=True)}")
+    print(f"size           {_size_text(info.size)}\nsha256         {info.sha256}\nstored         {info.created_at.isoformat()}")
+    print(f"producer       {_fields(info.producer.model_dump(exclude_none=True))}")
     if header is not None:
         prov = header.provenance
         env = ", ".join(f"{k} {v}" for k, v in prov.environment.items() if v) or "unknown"
@@ -313,25 +390,54 @@ def _keygen(args: argparse.Namespace) -> int:
 
 
 def _gc(args: argparse.Namespace) -> int:
-    """Scan, plan and (unless --dry-run) evict on the service, then print the plan and the outcome."""
+    """Scan and plan on the service, show the plan, then evict: with ``--yes``, or after a yes at
+    the prompt when stdin is a terminal; ``--dry-run`` only shows it (huggingface_hub's
+    scan -> plan -> dry-run -> execute)."""
     from kcache_schemas import wire
-    from kcache_schemas.retention import GcReport, GcRequest, parse_bytes, parse_duration
+    from kcache_schemas.retention import GcReport, GcRequest
+    from pydantic import ValidationError
 
     try:
-        request = GcRequest(
-            max_bytes=parse_bytes(args.max_bytes) if args.max_bytes is not None else None,
-            min_age_s=parse_duration(args.min_age) if args.min_age is not None else None,
-            older_than_s=parse_duration(args.older_than) if args.older_than is not None else None,
-            env=args.env, orphans=args.orphans, dry_run=args.dry_run,
-        )
-    except ValueError as exc:
-        raise SystemExit(f"kcache gc: {exc}") from None
+        request = GcRequest(max_bytes=args.max_bytes, min_age_s=args.min_age, older_than_s=args.older_than,
+                            env=args.env, orphans=args.orphans, dry_run=True)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        flag = {"max_bytes": "--max-bytes", "min_age_s": "--min-age", "older_than_s": "--older-than"}.get(str(first["loc"][0]), str(first["loc"][0]))
+        print(f"kcache gc: {flag}: {first['msg']}", file=sys.stderr)
+        return EXIT_USAGE
     # A GC of a large namespace on S3 takes minutes: the service answers when it is done.
     client = _client(args, read_timeout_s=args.timeout)
-    body = client.post_json(wire.path(wire.GC, namespace=client.config.namespace), request.model_dump(exclude_none=True))
-    report = GcReport.model_validate(body)
-    print(report.model_dump_json(indent=2) if args.json else format_gc_report(report))
-    return 0
+    path = wire.path(wire.GC, namespace=client.config.namespace)
+
+    def run(dry_run: bool) -> GcReport:
+        body = request.model_copy(update={"dry_run": dry_run}).model_dump(exclude_none=True)
+        report = GcReport.model_validate(client.post_json(path, body))
+        print(report.model_dump_json(indent=2) if args.json else format_gc_report(report))
+        return report
+
+    if args.yes and not args.dry_run:
+        run(dry_run=False)
+        return EXIT_OK
+    plan = run(dry_run=True)
+    if args.dry_run:
+        return EXIT_OK
+    items = sum(a.entries for a in plan.planned.values()) + plan.orphans.entries
+    if items == 0:
+        return EXIT_OK
+    nbytes = sum(a.bytes for a in plan.planned.values()) + plan.orphans.bytes
+    what = f"{plural(items, 'item')} ({_size_text(nbytes)}) from namespace {plan.namespace!r}"
+    if not sys.stdin.isatty():
+        print(f"kcache gc: nothing deleted: pass --yes to evict {what} (stdin is not a terminal to ask)", file=sys.stderr)
+        return EXIT_FAILED
+    try:
+        answer = input(f"Evict {what}? This cannot be undone. [y/N] ")
+    except EOFError:
+        answer = ""
+    if answer.strip().lower() not in ("y", "yes"):
+        print("kcache gc: nothing deleted", file=sys.stderr)
+        return EXIT_OK
+    run(dry_run=False)  # the service plans again: what was used meanwhile is kept
+    return EXIT_OK
 
 
 def format_gc_report(r: GcReport) -> str:
@@ -339,8 +445,8 @@ def format_gc_report(r: GcReport) -> str:
     from datetime import datetime
 
     from kcache_schemas.retention import REASON_BUDGET, REASON_ENV, REASON_TTL
-    from kcache_schemas.retention import format_bytes as size
-    from kcache_schemas.retention import format_duration as ago
+    from kcache_schemas.units import format_bytes as size
+    from kcache_schemas.units import format_duration as ago
 
     p = r.policy
 
@@ -377,8 +483,8 @@ def format_gc_report(r: GcReport) -> str:
             lines.append(f"    … and {more} more")
     if not r.dry_run:
         done = sum(a.entries for a in r.evicted.values()), sum(a.bytes for a in r.evicted.values())
-        lines.append(f"  done      evicted {done[0]} items ({size(done[1])}); {r.skipped} kept (used or replaced meanwhile); "
-                     f"{r.blobs_deleted.entries} blobs deleted ({size(r.blobs_deleted.bytes)}), {r.blobs_shared} kept (another record uses them)"
+        lines.append(f"  done      evicted {plural(done[0], 'item')} ({size(done[1])}); {r.skipped} kept (used or replaced meanwhile); "
+                     f"{plural(r.blobs_deleted.entries, 'blob')} deleted ({size(r.blobs_deleted.bytes)}), {r.blobs_shared} kept (another record uses them)"
                      + (f"; {r.orphans.entries} orphan blobs deleted ({size(r.orphans.bytes)})" if r.orphans.entries else ""))
     lines.append(f"  {'after' if r.dry_run else 'now':9} {amount(r.after.entries, r.after.bytes)}   in {r.seconds:.3f} s")
     lines += [f"  note: {n}" for n in r.notes]
@@ -396,9 +502,15 @@ def _pin(args: argparse.Namespace) -> int:
         pins = PinList.model_validate(client.get_json(wire.path(wire.PINS, namespace=ns)))
         for p in pins.items:
             print(f"{p.workload:32}  pinned {p.pinned_at:%Y-%m-%d %H:%M}")
-        print(f"{len(pins.items)} pinned workloads in namespace {ns!r}", file=sys.stderr)
+        print(f"{plural(len(pins.items), 'pinned workload')} in namespace {ns!r}", file=sys.stderr)
         return 0
-    pin = Pin.model_validate(client.put_json(wire.path(wire.PIN, namespace=ns, name=args.workload), ""))
+    path = wire.path(wire.PIN, namespace=ns, name=args.workload) + (f"?{wire.PIN_AHEAD}=true" if args.ahead else "")
+    try:
+        pin = Pin.model_validate(client.put_json(path, ""))
+    except NotFound:
+        print(f"kcache pin: no workload {args.workload!r} in namespace {ns!r}: no run of it is published "
+              "(kcache ls --workloads lists them); --ahead pins it before its first run", file=sys.stderr)
+        return EXIT_FAILED
     print(f"pinned workload {pin.workload!r} in namespace {ns!r} (since {pin.pinned_at:%Y-%m-%d %H:%M}): "
           "the kernels and entries its runs list are never evicted")
     return 0
@@ -456,8 +568,14 @@ def _stats(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="kcache", description="Distributed cache for compiled GPU kernels")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(
+        prog="kcache", description="Distributed cache for compiled GPU kernels",
+        epilog="Sizes: 500MB, 10GB (powers of 1000), 512MiB, 10GiB (powers of 1024), 10G = 10GiB, or bytes. "
+               "Durations: 90s, 30m, 12h, 7d, 2w, 1h30m. Exit codes: 0 done, 1 failed, 2 wrong usage or setting "
+               "(stats --fail-under: under the bar), 130 interrupted.",
+    )
+    parser.add_argument("--version", action="version", version=f"kcache {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     def remote(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         p.add_argument("--url", help="service URL (KCACHE_URL)")
@@ -507,19 +625,21 @@ def build_parser() -> argparse.ArgumentParser:
     keygen.add_argument("--out", default="kcache-signing", metavar="PREFIX", help="writes PREFIX.key and PREFIX.pub (default kcache-signing)")
     keygen.add_argument("--comment", help="comment in the public key (default user@host)")
     keygen.set_defaults(func=_keygen)
-    gc = remote(sub.add_parser("gc", help="evict to the namespace's storage rules now: print the plan, then execute it (admin token)"))
-    gc.add_argument("--max-bytes", metavar="N", help="evict least recently used until the namespace holds at most N bytes (e.g. 40GB, 500MiB)")
-    gc.add_argument("--min-age", metavar="SECONDS", help="never evict what was used more recently (default: the namespace's, 1h); 0 allows everything")
-    gc.add_argument("--older-than", metavar="DURATION", help="evict what was not used for DURATION (e.g. 7d); with --env, only that environment's")
+    gc = remote(sub.add_parser("gc", help="evict to the namespace's storage rules now: print the plan, then, with --yes or a yes at the prompt, execute it (admin token)"))
+    gc.add_argument("--max-bytes", metavar="SIZE", type=_size, help="evict least recently used until the namespace holds at most SIZE (e.g. 40GB, 500MiB)")
+    gc.add_argument("--min-age", metavar="DURATION", type=_age, help="never evict what was used more recently (e.g. 30m; default: the namespace's, 1h); 0 allows everything")
+    gc.add_argument("--older-than", metavar="DURATION", type=_age, help="evict what was not used for DURATION (e.g. 7d, 12h: a unit is required); with --env, only that environment's")
     gc.add_argument("--env", metavar="FINGERPRINT", help="purge an environment: its id (kcache ls --workloads) or torch=..,triton=..,cuda=..,gpu_arch=..")
     gc.add_argument("--orphans", action="store_true", help="also delete blobs no index record references (after a crash mid-write)")
     gc.add_argument("--dry-run", action="store_true", help="print the plan only")
+    gc.add_argument("-y", "--yes", action="store_true", help="evict without asking (without it: the plan, then a prompt on a terminal; elsewhere nothing is deleted, exit 1)")
     gc.add_argument("--json", action="store_true", help="the report as JSON")
     gc.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for the service to finish (default 900)")
     gc.set_defaults(func=_gc)
 
     pin = remote(sub.add_parser("pin", help="pin a workload: its kernels and entries are never evicted (admin); no name: list pins"))
-    pin.add_argument("workload", nargs="?")
+    pin.add_argument("workload", nargs="?", help="a workload with a published run (kcache ls --workloads)")
+    pin.add_argument("--ahead", action="store_true", help="pin a workload before its first run is published")
     pin.set_defaults(func=_pin)
 
     unpin = remote(sub.add_parser("unpin", help="unpin a workload (admin)"))
@@ -539,21 +659,32 @@ def build_parser() -> argparse.ArgumentParser:
     stats.add_argument("--file", help="stats file or dir written via KCACHE_STATS_FILE (default: $KCACHE_STATS_FILE)")
     stats.add_argument("--run", metavar="ID", help="a run on the service (KCACHE_RUN_ID of its processes)")
     stats.add_argument("--format", choices=("text", "json", "markdown", "junit"), default="text")
-    stats.add_argument("--fail-under", type=float, metavar="RATE", help="exit 2 if the hit rate (percent) is below RATE")
+    stats.add_argument("--fail-under", type=hit_rate_bar, metavar="RATE", help="exit 2 if the hit rate is below RATE: 80%%, 80 or 0.8 (a number below 1 is a fraction)")
     stats.add_argument("-o", "--output", help="write the report here instead of stdout")
     stats.set_defaults(func=_stats)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:  # bare `kcache`: what there is to do
+        parser.print_help()
+        return EXIT_OK
     try:
         return int(args.func(args))
+    except ConfigError as exc:
+        print(f"kcache {args.command}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except ServiceUnavailable as exc:
+        print(f"kcache {args.command}: the service did not answer: {exc}\n"
+              "  check --url / KCACHE_URL, and that the service runs there", file=sys.stderr)
+        return EXIT_FAILED
     except KcacheError as exc:
-        print(f"kcache: {exc}", file=sys.stderr)
-        return 1
+        print(f"kcache {args.command}: {exc}", file=sys.stderr)
+        return EXIT_FAILED
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

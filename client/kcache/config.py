@@ -2,57 +2,191 @@
 
 Every ``KCACHE_*`` variable the client reads is read here, with its default. The one exception is
 ``kcache._autoload``, which runs at every interpreter start and may import nothing but ``os`` and
-``sys``: it reads its four switches (``KCACHE_URL``, ``KCACHE_MODE``, ``KCACHE_AUTOLOAD``,
-``KCACHE_TRITON_MANAGER``, ``KCACHE_WORKLOAD``) itself, with the same defaults.
+``sys``: it reads its switches (``KCACHE_URL``, ``KCACHE_MODE``, ``KCACHE_AUTOLOAD``,
+``KCACHE_TRITON_MANAGER``, ``KCACHE_WORKLOAD``) itself, with the same defaults and spellings
+(tests/test_settings.py keeps the two in step).
+
+Every value is parsed strictly (sccache's ``config.rs`` habit): a value that does not parse is
+never replaced by a default, because the default may be more than was asked for
+(``KCACHE_MODE=read-only`` must not mean read-write). :meth:`ClientConfig.from_env` raises
+:class:`kcache.errors.ConfigError` naming each variable and what it accepts; ``kcache.install()``
+lets it through; the paths that activate kcache by themselves (the ``.pth`` at interpreter start,
+Triton's cache manager, the workload prefetcher) use :func:`settings_or_off`: one warning, and
+kcache stays off in that process. An empty value is the same as an unset one.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 if TYPE_CHECKING:
     from kcache.local_store import LocalEntryStore
 
 Mode = Literal["readwrite", "readonly", "off"]
-_MODES = ("readwrite", "readonly", "off")
-
-
-def _float(name: str, default: float) -> float:
-    try:
-        return float(os.environ.get(name, default))
-    except ValueError:
-        return default
-
-
-def _int(name: str, default: int) -> int:
-    try:
-        return int(os.environ.get(name, default))
-    except ValueError:
-        return default
-
-
-_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+# The spellings KCACHE_MODE accepts (case-insensitive; "_" reads as "-"). kcache._autoload keeps
+# its own copy (it may import nothing): tests/test_settings.py checks that they agree.
+MODES: dict[str, Mode] = {
+    "readwrite": "readwrite", "read-write": "readwrite", "rw": "readwrite",
+    "readonly": "readonly", "read-only": "readonly", "ro": "readonly",
+    "off": "off",
+}
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+# Every layer KCACHE_LAYERS may name: Inductor's remote caches and Dynamo's precompile packages
+# (kcache.remote_cache serves them; tests/test_settings.py keeps the two lists equal).
+SELECTABLE_LAYERS = ("fx-graph", "autotune", "bundled-autotune", "aot-autograd", "dynamo-pgo", "dynamo")
 DEFAULT_LOCAL_MAX_BYTES = 10 << 30  # as sccache's default: a few max-autotune models fit
+T = TypeVar("T")
+
+
+def parse_mode(raw: str) -> Mode:
+    mode = MODES.get(raw.strip().lower().replace("_", "-"))
+    if mode is None:
+        raise ValueError("not a mode: use readwrite (or read-write, rw), readonly (or read-only, ro), or off")
+    return mode
+
+
+def parse_bool(raw: str) -> bool:
+    value = raw.strip().lower()
+    if value in _TRUE or value in _FALSE:
+        return value in _TRUE
+    raise ValueError("not a switch: use 1 or 0 (true/false, yes/no, on/off)")
+
+
+def parse_require_hit(raw: str) -> Literal["warn", "fail"] | None:
+    """``warn``/``fail``; a switch (``1``, ``on``: warn; ``0``, ``off``: off)."""
+    value = raw.strip().lower()
+    if value in ("warn", "fail"):
+        return "warn" if value == "warn" else "fail"
+    try:
+        return "warn" if parse_bool(value) else None
+    except ValueError:
+        raise ValueError("use warn, fail, or off (0)") from None
+
+
+def parse_layers(raw: str) -> str:
+    """A comma list of layers, ``all`` or ``none``; returned as given (see :func:`selected_layers`)."""
+    selected_layers(raw)
+    return raw
+
+
+def selected_layers(raw: str | None) -> list[str]:
+    """The layers ``KCACHE_LAYERS`` names (a comma list, ``all`` or unset: every one, ``none``)."""
+    text = (raw or "").strip().lower()
+    if text in ("", "all"):
+        return list(SELECTABLE_LAYERS)
+    if text == "none":
+        return []
+    names = [p.strip() for p in text.split(",") if p.strip()]
+    unknown = [n for n in names if n not in SELECTABLE_LAYERS]
+    if unknown or not names:
+        raise ValueError(f"unknown layer {', '.join(map(repr, unknown)) or repr(raw)}: use all, none, or a comma list of {', '.join(SELECTABLE_LAYERS)}")
+    return [n for n in SELECTABLE_LAYERS if n in names]
 
 
 def parse_bytes(raw: str) -> int:
-    """``1073741824``, ``512M``, ``10G``, ``1.5GiB`` -> bytes. Raises ValueError."""
-    text = raw.strip().lower().removesuffix("ib").removesuffix("b")
-    unit = text[-1:] if text[-1:] in _UNITS and text[-1:] else ""
-    value = float(text[: len(text) - len(unit)] if unit else text)
-    if value < 0:
-        raise ValueError(f"negative size {raw!r}")
-    return int(value * _UNITS[unit])
+    """``1073741824``, ``512M``, ``10G``, ``10GB``, ``1.5GiB`` -> bytes: :mod:`kcache_schemas.units`."""
+    from kcache_schemas.units import parse_bytes as parse
+
+    return parse(raw)
 
 
-def _bytes(name: str, default: int) -> int:
+def _seconds(minimum: float = 0.0, *, above: bool = False) -> Callable[[str], float]:
+    """A ``KCACHE_*_S`` value: seconds, or a duration with a unit (``500ms``, ``30s``, ``2m``)."""
+
+    def parse(raw: str) -> float:
+        from kcache_schemas.units import parse_duration
+
+        value = parse_duration(raw)
+        if value < minimum or (above and value == minimum):
+            raise ValueError(f"must be {'above' if above else 'at least'} {minimum:g}s")
+        return value
+
+    return parse
+
+
+def _count(minimum: int) -> Callable[[str], int]:
+    def parse(raw: str) -> int:
+        try:
+            value = int(raw.strip())
+        except ValueError:
+            raise ValueError("not a whole number") from None
+        if value < minimum:
+            raise ValueError(f"must be at least {minimum}")
+        return value
+
+    return parse
+
+
+def _text(raw: str) -> str:
+    return raw
+
+
+def parse_url(raw: str) -> str:
+    """A service URL: ``http(s)://host[:port][/prefix]``, the service's root (not its ``/v1``)."""
+    from urllib.parse import urlsplit
+
+    from kcache_schemas.wire import API  # enum only
+
+    text = raw.strip()
+    example = "http(s)://host[:port], e.g. http://127.0.0.1:8765"
     try:
-        return parse_bytes(os.environ[name]) if os.environ.get(name) else default
-    except ValueError:
-        return default
+        parts = urlsplit(text)
+        _ = parts.port  # a port that is not a number raises here
+    except ValueError as exc:
+        raise ValueError(f"not a URL ({exc}): use {example}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"not a service URL: use {example}")
+    if parts.path.rstrip("/").endswith(API):
+        root = text.rstrip("/").removesuffix(API)
+        raise ValueError(f"ends in {API}, the API's prefix: give the service's root ({root}); kcache adds {API}/... itself")
+    return text
+
+
+def _namespace(raw: str) -> str:
+    from kcache_schemas.keys import validate_namespace  # re and base64 only
+
+    try:
+        return validate_namespace(raw)
+    except ValueError as exc:  # InvalidKeyError: the rule, with the value
+        raise ValueError(str(exc).replace(f"namespace {raw[:80]!r} ", "a namespace ", 1)) from None
+
+
+# field -> (variable, parser). Fields not listed here have no variable. A keyword argument of
+# install() given as a string goes through the same parser.
+_VARIABLES: dict[str, tuple[str, Callable[[str], Any]]] = {
+    "url": ("KCACHE_URL", parse_url),
+    "token": ("KCACHE_TOKEN", _text),
+    "namespace": ("KCACHE_NAMESPACE", _namespace),
+    "mode": ("KCACHE_MODE", parse_mode),
+    "connect_timeout_s": ("KCACHE_CONNECT_TIMEOUT_S", _seconds(0.0, above=True)),
+    "read_timeout_s": ("KCACHE_READ_TIMEOUT_S", _seconds(0.0, above=True)),
+    "retries": ("KCACHE_RETRIES", _count(0)),
+    "breaker_failures": ("KCACHE_BREAKER_FAILURES", _count(1)),
+    "breaker_reset_s": ("KCACHE_BREAKER_RESET_S", _seconds()),
+    "upload_queue": ("KCACHE_UPLOAD_QUEUE", _count(1)),
+    "flush_timeout_s": ("KCACHE_FLUSH_TIMEOUT_S", _seconds()),
+    "check_target": ("KCACHE_CHECK_TARGET", parse_bool),
+    "workload": ("KCACHE_WORKLOAD", _text),
+    "stats_file": ("KCACHE_STATS_FILE", _text),
+    "report": ("KCACHE_REPORT", parse_bool),
+    "run_id": ("KCACHE_RUN_ID", _text),
+    "signing_key": ("KCACHE_SIGNING_KEY", _text),
+    "signing_private_key": ("KCACHE_SIGNING_PRIVATE_KEY", _text),
+    "trusted_keys": ("KCACHE_TRUSTED_KEYS", _text),
+    "layers": ("KCACHE_LAYERS", parse_layers),
+    "prefetch_wait_s": ("KCACHE_PREFETCH_WAIT_S", _seconds()),
+    "coordesc_reuse": ("KCACHE_COORDESC_REUSE", parse_bool),
+    "triton_manager": ("KCACHE_TRITON_MANAGER", parse_bool),
+    "autoload": ("KCACHE_AUTOLOAD", parse_bool),
+    "local_dir": ("KCACHE_LOCAL_DIR", _text),
+    "local_max_bytes": ("KCACHE_LOCAL_MAX_BYTES", parse_bytes),
+    "require_hit": ("KCACHE_REQUIRE_HIT", parse_require_hit),
+}
 
 
 @dataclass(frozen=True)
@@ -82,6 +216,7 @@ class ClientConfig:
     prefetch_wait_s: float = 30.0
     coordesc_reuse: bool = True
     triton_manager: bool = True
+    autoload: bool = True  # read by kcache._autoload at interpreter start; here to be checked
     local_dir: str | None = None
     local_max_bytes: int = DEFAULT_LOCAL_MAX_BYTES  # 0: unbounded
     require_hit: Literal["warn", "fail"] | None = None  # see kcache.require_hit
@@ -104,46 +239,50 @@ class ClientConfig:
         return self.enabled and self.mode == "readwrite"
 
     @classmethod
-    def from_env(cls, **overrides: Any) -> ClientConfig:
-        mode = os.environ.get("KCACHE_MODE", "readwrite").lower()
-        cfg = cls(
-            url=os.environ.get("KCACHE_URL") or None,
-            token=os.environ.get("KCACHE_TOKEN") or None,
-            namespace=os.environ.get("KCACHE_NAMESPACE", "default"),
-            mode=mode if mode in _MODES else "readwrite",  # type: ignore[arg-type]
-            connect_timeout_s=_float("KCACHE_CONNECT_TIMEOUT_S", 0.5),
-            read_timeout_s=_float("KCACHE_READ_TIMEOUT_S", 2.0),
-            retries=_int("KCACHE_RETRIES", 1),
-            breaker_failures=_int("KCACHE_BREAKER_FAILURES", 3),
-            breaker_reset_s=_float("KCACHE_BREAKER_RESET_S", 30.0),
-            upload_queue=_int("KCACHE_UPLOAD_QUEUE", 1024),
-            flush_timeout_s=_float("KCACHE_FLUSH_TIMEOUT_S", 5.0),
-            check_target=os.environ.get("KCACHE_CHECK_TARGET", "1") != "0",
-            workload=os.environ.get("KCACHE_WORKLOAD") or None,
-            stats_file=os.environ.get("KCACHE_STATS_FILE") or None,
-            report=os.environ.get("KCACHE_REPORT", "0") == "1",
-            run_id=os.environ.get("KCACHE_RUN_ID") or None,
-            signing_key=os.environ.get("KCACHE_SIGNING_KEY") or None,
-            signing_private_key=os.environ.get("KCACHE_SIGNING_PRIVATE_KEY") or None,
-            trusted_keys=os.environ.get("KCACHE_TRUSTED_KEYS") or None,
-            layers=os.environ.get("KCACHE_LAYERS"),
-            prefetch_wait_s=_float("KCACHE_PREFETCH_WAIT_S", 30.0),
-            coordesc_reuse=os.environ.get("KCACHE_COORDESC_REUSE", "1") != "0",
-            triton_manager=os.environ.get("KCACHE_TRITON_MANAGER", "1") != "0",
-            local_dir=os.environ.get("KCACHE_LOCAL_DIR") or None,
-            local_max_bytes=_bytes("KCACHE_LOCAL_MAX_BYTES", DEFAULT_LOCAL_MAX_BYTES),
-            require_hit=_require_hit(os.environ.get("KCACHE_REQUIRE_HIT", "")),
-        )
-        return replace(cfg, **{k: v for k, v in overrides.items() if v is not None})
+    def from_env(cls, *, given_as: Callable[[str], str] | None = None, **overrides: Any) -> ClientConfig:
+        """The settings of ``KCACHE_*`` variables, with ``overrides`` (``install()``'s keyword
+        arguments; None: not given) on top. Raises :class:`kcache.errors.ConfigError` naming every
+        value that does not parse (the variable, or the override as ``given_as`` spells it, e.g.
+        the CLI's ``--namespace``), and what it accepts."""
+        values: dict[str, Any] = {}
+        problems: list[str] = []
+        for name, (var, parse) in _VARIABLES.items():
+            given = overrides.get(name)
+            if given is not None:
+                raw, where = given, (given_as(name) if given_as else name) + "="
+            else:
+                raw, where = os.environ.get(var), f"{var}="
+            if raw is None or (isinstance(raw, str) and not raw.strip()):
+                continue  # unset, or set to nothing: the default
+            if not isinstance(raw, str):
+                values[name] = raw  # a typed keyword argument
+                continue
+            try:
+                values[name] = parse(raw)
+            except ValueError as exc:  # the parsers of kcache_schemas.units start with the value
+                problems.append(f"{where}{raw[:40]!r}: {str(exc).removeprefix(f'{raw[:40]!r}: ')}")
+        if problems:
+            from kcache.errors import ConfigError  # brings httpx and pydantic: only when refusing
+
+            raise ConfigError("invalid settings: " + "; ".join(problems))
+        known = {f.name for f in fields(cls)}
+        extra = {k: v for k, v in overrides.items() if v is not None and k not in _VARIABLES}
+        if unknown := sorted(set(extra) - known):
+            raise TypeError(f"kcache.install() got unknown options: {', '.join(unknown)}")
+        return replace(cls(**values), **extra)
 
 
-def _require_hit(raw: str) -> Literal["warn", "fail"] | None:
-    """``warn``/``fail``; unset, ``0`` or ``off`` is off; anything else warns (a typo of ``fail``
-    must not switch the guard off silently)."""
-    value = raw.strip().lower()
-    if value in ("", "0", "off", "false", "no"):
+def settings_or_off(**overrides: Any) -> ClientConfig | None:
+    """:meth:`ClientConfig.from_env` for the paths that activate kcache by themselves (the
+    ``.pth``, Triton's cache manager, the prefetcher): a value that does not parse is one warning
+    per process, and None (kcache stays off) instead of an exception in someone else's job."""
+    try:
+        return ClientConfig.from_env(**overrides)
+    except ValueError as exc:
+        from kcache.failopen import warn_once
+
+        warn_once(f"{exc}; kcache is off in this process")
         return None
-    return "fail" if value == "fail" else "warn"
 
 
 def default_local_dir() -> Path:

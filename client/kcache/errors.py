@@ -12,6 +12,12 @@ class KcacheError(Exception):
     """Base of every kcache client error."""
 
 
+class ConfigError(KcacheError, ValueError):
+    """A setting (a ``KCACHE_*`` variable or an ``install()`` argument) does not parse: the message
+    names each one and what it accepts. ``kcache.install()`` raises it; where kcache activates by
+    itself (``KCACHE_URL`` at interpreter start) it is one warning and kcache stays off."""
+
+
 class ServiceUnavailable(KcacheError):
     """The service could not be reached, timed out, answered 5xx, or the breaker is open.
 

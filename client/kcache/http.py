@@ -94,6 +94,7 @@ class KcacheClient:
             transport=transport,
         )
         self._ns = config.namespace
+        self._base = config.url.rstrip("/")  # errors name the service they could not reach
         self._last_refused = False
 
     def close(self) -> None:
@@ -115,7 +116,7 @@ class KcacheClient:
                 response = self._send(method, path, **kwargs)
             except httpx.HTTPError as exc:  # timeouts, refused, reset, undecodable body, redirect loop
                 self._last_refused = _refused(exc)
-                last = ServiceUnavailable(f"{method} {path}: {type(exc).__name__}: {exc}")
+                last = ServiceUnavailable(f"{method} {self._base}{path}: {type(exc).__name__}: {exc}")
                 if isinstance(exc, httpx.TimeoutException):
                     break  # a service that let a whole deadline pass won't answer a retry sooner
             else:
@@ -124,7 +125,7 @@ class KcacheClient:
                     self.breaker.success()
                     raise_for_status(response)
                     return response
-                last = ServiceUnavailable(f"{method} {path}: HTTP {response.status_code}")
+                last = ServiceUnavailable(f"{method} {self._base}{path}: HTTP {response.status_code}")
             if attempt + 1 < attempts:
                 time.sleep(0.05 * (2**attempt))
         self.breaker.failure()

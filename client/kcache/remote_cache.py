@@ -60,9 +60,8 @@ PREDICATES = {
     )
 }
 PATCHES = "remote-caches"
-# Every layer KCACHE_LAYERS may name: Inductor's remote caches above, and Dynamo's precompile
-# packages (kcache.dynamo_cache: torch has no remote-cache class for them).
-SELECTABLE = [*LAYERS, L.DYNAMO.value]
+# KCACHE_LAYERS names these layers and Dynamo's precompile packages (kcache.dynamo_cache: torch
+# has no remote-cache class for them): kcache.config.SELECTABLE_LAYERS, parsed there.
 _served: set[str] = set()  # layers installed now (a predicate module may load later)
 
 
@@ -140,15 +139,6 @@ def _install_fast_reads() -> None:
         return  # uninstalled since this backend was built
     with guard("could not hook FxGraphCache.iterate_over_candidates; FX graphs are read through JSON"):
         fx_graph_entries.install_fast_reads(lambda backend: isinstance(backend, backend_class()))
-
-
-def selected_layers(raw: str | None) -> list[str]:
-    """The layers ``KCACHE_LAYERS`` names (a comma list, ``all`` or unset: every one, ``none``)."""
-    if raw is None or raw.strip().lower() in ("", "all"):
-        return list(SELECTABLE)
-    if raw.strip().lower() == "none":
-        return []
-    return [layer for layer in (p.strip() for p in raw.split(",")) if layer in SELECTABLE]
 
 
 def _gpu_visible() -> bool:

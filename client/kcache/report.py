@@ -28,6 +28,7 @@ from kcache_schemas.stats import (
     StatsDocument,
     group_phases,
 )
+from kcache_schemas.units import format_bytes
 
 from kcache import __version__
 from kcache.failopen import warn_once
@@ -47,7 +48,22 @@ SEND_TIMEOUT_S = 2.0
 
 
 def _mb(n: float) -> str:
-    return f"{n / 1e6:.1f} MB"
+    return format_bytes(n)  # 12.3 kB, 4.5 MB: never "0.0 MB" for a small transfer
+
+
+# kcache's own bookkeeping, not a cache users switch on: the key parts stored beside a missed key
+# for `kcache explain`. Counted in the totals, listed apart from the layers.
+INTERNAL_LAYERS = (wire.CacheLayer.KEY_COMPONENTS.value,)
+
+
+def user_layers(doc: StatsDocument) -> dict[str, LayerCounts]:
+    return {name: c for name, c in doc.layers.items() if name not in INTERNAL_LAYERS}
+
+
+def _internal_line(doc: StatsDocument) -> str | None:
+    parts = [f"{c.puts} upload{'s' if c.puts != 1 else ''} ({_mb(c.bytes_up)}) of {name}" for name, c in doc.layers.items()
+             if name in INTERNAL_LAYERS and (c.puts or c.put_errors)]
+    return "kcache's own: " + ", ".join(parts) + " (key parts for kcache explain)" if parts else None
 
 
 def _pct(rate: float | None) -> str:
@@ -127,7 +143,7 @@ def _reasons(layers: dict[str, LayerCounts], field: str) -> list[tuple[str, str,
 
 
 def format_text(doc: StatsDocument, fail_under: float | None = None) -> str:
-    layers = doc.layers
+    layers = user_layers(doc)
     t = doc.totals()
     lines = [f"kcache stats: {describe(doc)}", ""]
     rows = [
@@ -155,6 +171,8 @@ def format_text(doc: StatsDocument, fail_under: float | None = None) -> str:
         widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
         for r in table:
             lines.append("  " + "  ".join(f"{cell:<{widths[0]}}" if i == 0 else f"{cell:>{widths[i]}}" for i, cell in enumerate(r)))
+    if internal := _internal_line(doc):
+        lines.append("  " + internal)
     envs = doc.environment_summaries()
     if envs:
         lines += ["", "Per environment (torch, triton)"]
@@ -228,7 +246,7 @@ def _md(text: str) -> str:
 
 def format_markdown(doc: StatsDocument, fail_under: float | None = None) -> str:
     """For a CI step summary (``>> $GITHUB_STEP_SUMMARY``)."""
-    layers = doc.layers
+    layers = user_layers(doc)
     t = doc.totals()
     head = f"### kcache: {_pct(t.hit_rate)} hit rate"
     if fail_under is not None:
@@ -241,6 +259,8 @@ def format_markdown(doc: StatsDocument, fail_under: float | None = None) -> str:
     for name, c in layers.items():
         lines.append(f"| {_md(name)} | " + " | ".join(_row(c)) + " |")
     lines.append("| **total** | " + " | ".join(f"**{v}**" for v in _row(t)) + " |")
+    if internal := _internal_line(doc):
+        lines += ["", _md(internal)]
     if t.errors:
         lines += ["", f"> **{t.errors} errors**: lookups that failed (service unreachable, timed out or "
                       "answered badly). They count against the hit rate but are not misses."]
@@ -284,7 +304,7 @@ def format_junit(doc: StatsDocument, fail_under: float | None = None) -> str:
         cases.append(el)
 
     case("overall", t)
-    for name, c in doc.layers.items():
+    for name, c in user_layers(doc).items():
         case(name, c)
     when = datetime.fromtimestamp(doc.ended_at, timezone.utc) if doc.ended_at else datetime.now(timezone.utc)
     suite = ET.Element(

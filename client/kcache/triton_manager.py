@@ -59,13 +59,13 @@ def host_module_key(cache_key: str, filename: str) -> str:
 
 
 def _runtime() -> Runtime | None:
-    from kcache.config import ClientConfig
+    from kcache.config import settings_or_off
     from kcache.current import ensure_runtime, get_runtime
 
     rt = get_runtime()
     if rt is None:
-        config = ClientConfig.from_env()
-        if config.enabled:
+        config = settings_or_off()  # a setting that does not parse: one warning, local only
+        if config is not None and config.enabled:
             rt = ensure_runtime(config)
     return rt
 

@@ -1,5 +1,5 @@
-"""Retention on the wire: storage budgets, GC requests and reports, pins; and the one spelling of
-sizes and durations (``50GiB``, ``7d``) that the service's settings and the CLI both accept.
+"""Retention on the wire: storage budgets, GC requests and reports, pins. Sizes and durations
+(``50GiB``, ``7d``) are spelled as :mod:`kcache_schemas.units` says, everywhere.
 
 The service keeps each namespace under its budget by evicting the least recently used kernels
 and entries (see docs/storage.md, "Retention"); these models are what ``GET/POST
@@ -8,7 +8,6 @@ and entries (see docs/storage.md, "Retention"); these models are what ``GET/POST
 
 from __future__ import annotations
 
-import re
 from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -21,67 +20,6 @@ REASON_TTL = "ttl"  # not used for longer than the namespace's TTL (or --older-t
 REASON_BUDGET = "budget"  # least recently used, while the namespace is over its byte budget
 REASON_ORPHAN = "orphan"  # a blob no index record references (a crash mid-write, a lost race)
 REASONS = (REASON_ENV, REASON_TTL, REASON_BUDGET, REASON_ORPHAN)
-
-_BYTE_UNITS = {
-    "": 1, "b": 1,
-    "k": 1000, "kb": 1000, "kib": 1 << 10,
-    "m": 1000**2, "mb": 1000**2, "mib": 1 << 20,
-    "g": 1000**3, "gb": 1000**3, "gib": 1 << 30,
-    "t": 1000**4, "tb": 1000**4, "tib": 1 << 40,
-}
-_BYTES_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
-_DURATION_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 7 * 86400.0}
-_DURATION_PART_RE = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
-
-
-def parse_bytes(value: str | int | float) -> int:
-    """``1073741824``, ``"1GiB"``, ``"1.5GB"``, ``"500M"`` → bytes (K/M/G/T are powers of 1000,
-    KiB/MiB/GiB/TiB of 1024)."""
-    if isinstance(value, bool):
-        raise ValueError(f"not a size: {value!r}")
-    if isinstance(value, (int, float)):
-        if value < 0:
-            raise ValueError(f"size must not be negative: {value!r}")
-        return int(value)
-    m = _BYTES_RE.match(value)
-    unit = m.group(2).lower() if m else ""
-    if m is None or unit not in _BYTE_UNITS:
-        raise ValueError(f"not a size: {value[:40]!r} (use e.g. 500MB, 50GiB or a number of bytes)")
-    return int(float(m.group(1)) * _BYTE_UNITS[unit])
-
-
-def parse_duration(value: str | int | float) -> float:
-    """``3600``, ``"90s"``, ``"30m"``, ``"1h30m"``, ``"7d"``, ``"2w"`` → seconds."""
-    if isinstance(value, bool):
-        raise ValueError(f"not a duration: {value!r}")
-    if isinstance(value, (int, float)):
-        if value < 0:
-            raise ValueError(f"duration must not be negative: {value!r}")
-        return float(value)
-    text = value.strip().lower()
-    try:
-        return parse_duration(float(text))
-    except ValueError:
-        pass
-    parts = _DURATION_PART_RE.findall(text)
-    if not parts or "".join(n + u for n, u in parts) != text:
-        raise ValueError(f"not a duration: {value[:40]!r} (use e.g. 90s, 30m, 12h, 7d or seconds)")
-    return sum(float(n) * _DURATION_UNITS[u] for n, u in parts)
-
-
-def format_bytes(n: int | float) -> str:
-    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if abs(n) >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{int(n)} B"
-
-
-def format_duration(seconds: float) -> str:
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            value = seconds / size
-            return f"{value:.0f}{unit}" if value >= 10 or value == int(value) else f"{value:.1f}{unit}"
-    return f"{seconds:.0f}s"
 
 
 class _Model(BaseModel):

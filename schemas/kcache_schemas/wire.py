@@ -32,6 +32,9 @@ STATS_TOP = f"{API}/{{namespace}}/stats/top"
 GC = f"{API}/{{namespace}}/gc"  # GET: budget, usage, last run; POST: run a GC (admin)
 PINS = f"{API}/{{namespace}}/pins"
 PIN = f"{PINS}/{{name}}"  # a pinned workload: its kernels and entries are never evicted
+# PUT PIN?ahead=true: pin a workload no published run names yet (without it: 404, a typo is
+# refused rather than pinned)
+PIN_AHEAD = "ahead"
 
 
 def path(template: str, **params: str) -> str:

@@ -16,7 +16,7 @@ from kcache_server.budget import MemoryBudget
 from kcache_server.gc import Collector, GcScheduler
 from kcache_server.handlers import install_error_handlers
 from kcache_server.metrics import instrument
-from kcache_server.routes import entries, health, kernels, retention, runs, ui, workloads
+from kcache_server.routes import docs, entries, health, kernels, retention, runs, ui, workloads
 from kcache_server.settings import Settings
 from kcache_server.storage import open_blob_store, open_index
 from kcache_server.store import CacheStore
@@ -70,6 +70,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version=__version__,
         summary="Distributed cache for compiled GPU kernels (Triton, PyTorch Inductor)",
         lifespan=lifespan,
+        docs_url=None,  # kcache_server.routes.docs: the same page, with its assets from the package
+        redoc_url=None,  # loads from a CDN only
     )
     app.state.settings = settings
     app.state.auth = Authenticator(settings.grants)
@@ -81,6 +83,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(runs.router)
     app.include_router(retention.router)
     app.include_router(ui.router)
+    app.include_router(docs.router)
     app.add_middleware(BodyDeadline, idle_s=settings.body_idle_timeout_s, total_s=settings.body_timeout_s)
     instrument(app)  # /metrics, request metrics middleware (outside BodyDeadline), backend error counts
     openapi.install(app)  # error responses and path rules in /openapi.json

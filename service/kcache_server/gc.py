@@ -54,9 +54,8 @@ from kcache_schemas.retention import (
     GcRequest,
     GcStatus,
     RetentionPolicy,
-    format_bytes,
-    format_duration,
 )
+from kcache_schemas.units import format_bytes, format_duration
 from pydantic import ValidationError
 
 from kcache_server import pins as pin_store

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -12,7 +13,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from kcache_server.settings import Settings
+from kcache_server.settings import Settings, describe_errors
 
 
 class JsonFormatter(logging.Formatter):
@@ -52,9 +53,9 @@ def serve(settings_overrides: dict[str, Any]) -> None:
     try:
         settings = Settings()
     except ValidationError as exc:  # e.g. a weak token: say which setting, not a traceback
-        errors = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'settings'}: {e['msg'].removeprefix('Value error, ')}" for e in exc.errors())
-        raise SystemExit(f"kcache: invalid settings: {errors}") from None
+        raise SystemExit(f"kcache: invalid settings: {describe_errors(exc)}") from None
     settings.check_bind()
+    check_port(settings.host, settings.port)  # before "serving on": a taken port is said as such
     import uvicorn
 
     if settings.resolved_blob_url.startswith("file://") or settings.resolved_index_url.startswith("sqlite://"):
@@ -82,6 +83,24 @@ def serve(settings_overrides: dict[str, Any]) -> None:
         )
     finally:
         setattr(Config, "bind_socket", bind_socket)  # noqa: B010
+
+
+def check_port(host: str, port: int) -> None:
+    """Exit with a clear message unless ``host:port`` can be bound now (as uvicorn binds it, with
+    SO_REUSEADDR: a port in TIME_WAIT passes, one another process listens on does not)."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+        with socket.socket(family, kind, proto) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(address)
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            why = f"port {port} is taken (another process listens on it: another kcache serve?); pick another with --port or KCACHE_PORT"
+        elif exc.errno == errno.EACCES:
+            why = f"port {port} needs privileges here; pick one above 1023 with --port or KCACHE_PORT"
+        else:
+            why = f"{exc.strerror or exc} (check --host / KCACHE_HOST)"
+        raise SystemExit(f"kcache: cannot serve on {host}:{port}: {why}") from None
 
 
 def _with_tcp_proto(sock: socket.socket) -> socket.socket:

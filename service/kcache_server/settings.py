@@ -11,10 +11,20 @@ from typing import Literal
 
 from kcache_schemas import validate_namespace
 from kcache_schemas.signature import TrustedKeys, parse_public_key
-from pydantic import BaseModel, Field, RootModel, SecretStr, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    Field,
+    RootModel,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from kcache_server.retention import RetentionConfig, parse_retention
+from kcache_server.retention import ByteSize, Duration, RetentionConfig, parse_retention
+
+ENV_PREFIX = "KCACHE_"
 
 Scope = Literal["read", "write", "admin"]
 # Tokens anyone could guess are refused outright, like the full-stack template's "changethis".
@@ -60,7 +70,9 @@ class _RegisteredKeys(RootModel[dict[str, list[str]]]):
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="KCACHE_", extra="ignore")
+    # Sizes and durations in kcache_schemas.units' grammar (64MiB, 15s); a bare number is bytes or
+    # seconds, as the names say.
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore")
 
     host: str = "127.0.0.1"
     port: int = 8765
@@ -74,24 +86,24 @@ class Settings(BaseSettings):
     # (kcache_server.signatures); a JSON object {namespace or "*": [public key, ...]}.
     producer_keys_file: Path | None = None
     producer_keys: str | None = Field(default=None, description="JSON object: namespace -> public keys")
-    max_pack_bytes: int = 64 << 20
+    max_pack_bytes: ByteSize = 64 << 20
     # What a kernel pack may unpack to: the decompression cap. The largest real kernel dirs are a
     # few MB (a max-autotune GPT-2 has 200 of 0.7 MB on average), so 64 MiB leaves ample room.
-    max_unpacked_bytes: int = 64 << 20
-    max_entry_bytes: int = 256 << 20
+    max_unpacked_bytes: ByteSize = 64 << 20
+    max_entry_bytes: ByteSize = 256 << 20
     # Bytes one replica (worker process) lets heavy requests hold at once: bodies being received,
     # packs being verified or opened (kcache_server.budget). Beyond it: 503 + Retry-After. 0: no
     # cap. 4 workers x (256 MiB + ~85 MiB idle) fit the Helm chart's default 2 GiB limit.
-    memory_budget_bytes: int = 256 << 20
+    memory_budget_bytes: ByteSize = 256 << 20
     # A request body must keep arriving (at most this long between parts) and be complete this
     # long after the request started; otherwise 408 (kcache_server.bodies).
-    body_idle_timeout_s: float = 15.0
-    body_timeout_s: float = 120.0
-    backend_timeout_s: float = 5.0
+    body_idle_timeout_s: Duration = 15.0
+    body_timeout_s: Duration = 120.0
+    backend_timeout_s: Duration = 5.0
     presigned_downloads: bool = False
-    presign_expires_s: int = 300
+    presign_expires_s: int = Field(default=300, ge=1)
     s3_endpoint_url: str | None = None
-    access_flush_s: float = 2.0
+    access_flush_s: Duration = 2.0
     log_level: str = "info"
     retention: str | None = Field(default=None, description="JSON retention rules (see kcache_server.retention)")
     retention_file: Path | None = None
@@ -114,36 +126,40 @@ class Settings(BaseSettings):
 
     @cached_property
     def grants(self) -> list[TokenGrant]:
-        raw: list[object] = []
-        if self.tokens_file is not None:
-            raw += json.loads(self.tokens_file.read_text())
-        if self.tokens:
-            raw += json.loads(self.tokens)
-        return [TokenGrant.model_validate(g) for g in raw]
+        grants: list[TokenGrant] = []
+        for source, text in _sources("TOKENS", self.tokens_file, self.tokens):
+            try:
+                raw = json.loads(text)
+                if not isinstance(raw, list):
+                    raise ValueError("a JSON list of grants is expected: [{\"token\": ..., \"scopes\": [...]}]")
+                for i, grant in enumerate(raw):
+                    try:
+                        grants.append(TokenGrant.model_validate(grant))
+                    except ValidationError as exc:
+                        raise ValueError(f"[{i}]{_first_error(exc)}") from None
+            except ValueError as exc:  # json.JSONDecodeError too
+                raise ValueError(f"{source}: {'not JSON: ' if isinstance(exc, json.JSONDecodeError) else ''}{exc}") from None
+        return grants
 
     @cached_property
     def registered_keys(self) -> dict[str, TrustedKeys]:
         """Namespace (or ``*``: every namespace) -> the producer keys registered for it."""
         raw: dict[str, list[str]] = {}
-        for source in (self.producer_keys_file.read_text() if self.producer_keys_file else None, self.producer_keys):
-            if source:
-                for ns, keys in _RegisteredKeys.model_validate_json(source).root.items():
+        for source, text in _sources("PRODUCER_KEYS", self.producer_keys_file, self.producer_keys):
+            try:
+                for ns, keys in _RegisteredKeys.model_validate_json(text).root.items():
                     raw.setdefault(ns, []).extend(keys)
+            except ValidationError as exc:
+                raise ValueError(f"{source}: {_first_error(exc).lstrip('.: ')}") from None
         return {ns: TrustedKeys.of(parse_public_key(k) for k in keys) for ns, keys in raw.items()}
 
     @cached_property
     def retention_config(self) -> RetentionConfig:
         """``KCACHE_RETENTION_FILE`` (a JSON file) or ``KCACHE_RETENTION`` (inline JSON; wins)."""
-        if self.retention:
-            source, text = "KCACHE_RETENTION", self.retention
-        elif self.retention_file is not None:
-            source = f"KCACHE_RETENTION_FILE ({self.retention_file})"
-            try:
-                text = self.retention_file.read_text()
-            except OSError as exc:
-                raise ValueError(f"{source}: {exc.strerror}") from None
-        else:
+        found = _sources("RETENTION", self.retention_file, self.retention)
+        if not found:
             return RetentionConfig()
+        source, text = found[-1]
         try:
             raw = json.loads(text)
         except json.JSONDecodeError as exc:
@@ -164,3 +180,48 @@ class Settings(BaseSettings):
                 "lets anyone read and poison kernels. Configure KCACHE_TOKENS_FILE or KCACHE_TOKENS "
                 "(see docs/deployment.md), or bind 127.0.0.1."
             )
+
+
+def _sources(name: str, path: Path | None, inline: str | None) -> list[tuple[str, str]]:
+    """``KCACHE_<name>_FILE``'s text, then ``KCACHE_<name>``'s, each with how to name it in an
+    error; an unreadable file is a ValueError naming the variable."""
+    out = []
+    if path is not None:
+        source = f"{ENV_PREFIX}{name}_FILE ({path})"
+        try:
+            out.append((source, path.read_text()))
+        except OSError as exc:
+            raise ValueError(f"{source}: {exc.strerror}") from None
+    if inline:
+        out.append((f"{ENV_PREFIX}{name}", inline))
+    return out
+
+
+def _first_error(exc: ValidationError) -> str:
+    """``.where: what`` of a validation error's first problem (pydantic's prefix dropped)."""
+    first = exc.errors()[0]
+    where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in first.get("loc", ()))
+    return f"{where}: {str(first.get('msg', 'invalid')).removeprefix('Value error, ')}"
+
+
+def describe_errors(exc: ValidationError) -> str:
+    """One line for ``kcache serve``: each problem with the variable it came from
+    (``KCACHE_PORT='x': ...``); the checks across settings name theirs in the message."""
+    out = []
+    for e in exc.errors():
+        loc = e.get("loc", ())
+        msg = str(e.get("msg", "invalid")).removeprefix("Value error, ")
+        if loc:
+            var = ENV_PREFIX + str(loc[0]).upper()
+            rest = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc[1:])
+            given = e.get("input")
+            shown = f"={given[:40]!r}" if isinstance(given, str) and loc[0] not in _SECRET_FIELDS else ""
+            if isinstance(given, str):  # kcache_schemas.units' messages start with the value
+                msg = msg.removeprefix(f"{given[:40]!r}: ")
+            out.append(f"{var}{shown}{rest}: {msg}")
+        else:
+            out.append(msg)
+    return "; ".join(out)
+
+
+_SECRET_FIELDS = ("tokens",)

@@ -43,7 +43,8 @@ from kcache_schemas import (
     normalize_kernel_key,
 )
 from kcache_schemas.pack import pack_work_bytes, read_pack_file, verify_pack
-from kcache_schemas.retention import Amount, format_bytes
+from kcache_schemas.retention import Amount
+from kcache_schemas.units import format_bytes
 
 from kcache_server.budget import Hold, MemoryBudget
 from kcache_server.errors import Conflict, InsufficientStorage, KeyMismatch, NotFound

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Response
+from fastapi import APIRouter, Depends, Query, Response
 from kcache_schemas import validate_workload_name, wire
 from kcache_schemas.retention import GcReport, GcRequest, GcStatus, Pin, PinList
 
@@ -40,8 +40,11 @@ def list_pins(namespace: Namespace, store: StoreDep, _: CanRead) -> PinList:
 
 
 @router.put(wire.PIN, status_code=201, response_model=Pin, summary="Pin a workload: its kernels and entries are never evicted (admin)")
-def pin(namespace: Namespace, name: WorkloadName, store: StoreDep, _: CanAdmin, response: Response) -> Pin:
-    stored, created = pins.pin(store, namespace, name)
+def pin(
+    namespace: Namespace, name: WorkloadName, store: StoreDep, _: CanAdmin, response: Response,
+    ahead: Annotated[bool, Query(alias=wire.PIN_AHEAD, description="pin a workload no published run names yet (else 404)")] = False,
+) -> Pin:
+    stored, created = pins.pin(store, namespace, name, ahead=ahead)
     response.status_code = 201 if created else 200
     return stored
 

@@ -1,0 +1,217 @@
+"""The CLI as a newcomer meets it (issue #32): a mistake is a clear error and a non-zero exit,
+``gc`` deletes nothing without ``--yes`` (or a yes at the prompt), durations and sizes carry
+units, errors name the thing at fault, ``--version``, a bare ``kcache``, ``serve`` on a taken port,
+and output for people (sizes, plurals, records). Exit codes: 0 done, 1 failed, 2 wrong usage or
+setting (README, "CLI")."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+from kcache import __version__
+from kcache.cli import main
+from kcache.stats import Stats, write_stats
+from kcache_schemas.models import EnvFingerprint, WorkloadManifest
+
+from kcache_testkit.ports import free_port
+from kcache_testkit.service import clean_env
+
+pytest_plugins = ["live"]
+
+
+def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    """``kcache ARGV``: exit code, stdout, stderr (argparse's usage errors included)."""
+    capsys.readouterr()
+    try:
+        rc = main(list(argv))
+    except SystemExit as exc:  # argparse: --help, --version, usage errors
+        rc = exc.code if isinstance(exc.code, int) else 1
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+@pytest.fixture(autouse=True)
+def _no_client_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in ("KCACHE_URL", "KCACHE_TOKEN", "KCACHE_NAMESPACE", "KCACHE_MODE", "KCACHE_STATS_FILE", "KCACHE_RUN_ID"):
+        monkeypatch.delenv(var, raising=False)
+
+
+@pytest.fixture
+def cache_dir(tmp_path: Path, real_kernel_dirs: list[Path]) -> Path:
+    """A Triton cache dir holding the four real kernel dirs."""
+    root = tmp_path / "triton-cache"
+    for d in real_kernel_dirs:
+        shutil.copytree(d, root / d.name)
+    return root
+
+
+# ---- 1. mistakes pass silently ------------------------------------------------------------------
+
+
+def test_push_of_a_missing_dir_is_an_error_and_an_empty_one_says_so(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """Before: ``pushed 0 kernels … from /nonexistent``, exit 0."""
+    rc, out, err = cli(capsys, "push", str(tmp_path / "nonexistent"), "--url", "http://127.0.0.1:9")
+    assert rc == 1 and out == "" and f"kcache push: {tmp_path / 'nonexistent'}: no such directory" in err
+    (tmp_path / "empty").mkdir()
+    rc, _, err = cli(capsys, "push", str(tmp_path / "empty"), "--url", "http://127.0.0.1:9")
+    assert rc == 0 and "no kernel dirs in" in err and "nothing to push" in err
+
+
+@pytest.mark.parametrize(("url", "says"), [
+    ("not-a-url", "KCACHE_URL='not-a-url': not a service URL: use http(s)://host[:port]"),
+    ("ftp://127.0.0.1", "KCACHE_URL='ftp://127.0.0.1': not a service URL"),
+    ("http://[::1", "KCACHE_URL='http://[::1': not a URL"),
+])
+def test_a_kcache_url_that_is_no_url_is_refused_naming_it(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, url: str, says: str) -> None:
+    """Before: ``KCACHE_URL=not-a-url`` printed nothing useful (the stats said ServiceUnavailable)."""
+    monkeypatch.setenv("KCACHE_URL", url)
+    rc, _, err = cli(capsys, "ls")
+    assert rc == 2 and says in err, err
+
+
+def test_pin_of_an_unknown_workload_is_refused_unless_ahead(capsys: pytest.CaptureFixture[str], live_service) -> None:  # type: ignore[no-untyped-def]
+    """Before: ``kcache pin nosuchworkload`` → ``pinned``, exit 0 (a typo pinned nothing useful)."""
+    remote = ("--url", live_service.url)
+    rc, out, err = cli(capsys, "pin", "nosuchworkload", *remote)
+    assert rc == 1 and out == "" and "no workload 'nosuchworkload' in namespace 'default'" in err and "--ahead" in err
+    assert httpx.get(f"{live_service.url}/v1/default/pins").json()["items"] == []
+    assert cli(capsys, "pin", "later", "--ahead", *remote)[0] == 0
+    manifest = WorkloadManifest(name="serving", fingerprint=EnvFingerprint(torch="2.13.0"), kernels=[])
+    assert httpx.put(f"{live_service.url}/v1/default/workloads/serving", json=manifest.model_dump(mode="json")).status_code == 201
+    rc, out, _ = cli(capsys, "pin", "serving", *remote)
+    assert rc == 0 and "pinned workload 'serving'" in out
+    rc, _, err = cli(capsys, "pin", *remote)
+    assert rc == 0 and "2 pinned workloads" in err
+
+
+def _stats_file(tmp_path: Path, hits: int, misses: int) -> Path:
+    s = Stats()
+    for _ in range(hits):
+        s.hit("kernel", 0, 0.0)
+    for _ in range(misses):
+        s.miss("kernel", "not_found")
+    s.put("key-components", 2000)  # kcache's own bookkeeping: not a layer users switched on
+    path = tmp_path / f"stats-{hits}-{misses}.json"
+    write_stats(path, s.document(run_id="r", namespace="default"))
+    return path
+
+
+def test_fail_under_reads_80_percent_80_and_0_8_alike_and_refuses_out_of_range(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """Before: ``--fail-under 0.8`` on a 50 % run passed (0.8 %), and ``80%`` was refused."""
+    half, most = _stats_file(tmp_path, 1, 1), _stats_file(tmp_path, 9, 1)
+    for bar in ("0.8", "80", "80%"):
+        assert cli(capsys, "stats", "--file", str(half), "--fail-under", bar)[0] == 2, bar
+        rc, out, _ = cli(capsys, "stats", "--file", str(most), "--fail-under", bar)
+        assert rc == 0 and "Bar (--fail-under 80%)" in out, bar
+    for bad, says in (("150", "within 0-100 %"), ("101%", "within 0-100 %"), ("-5%", "within 0-100 %"), ("most", "is not a hit rate")):
+        rc, _, err = cli(capsys, "stats", "--file", str(most), f"--fail-under={bad}")
+        assert rc == 2 and says in err, (bad, err)
+
+
+# ---- 2. destructive gc safety ------------------------------------------------------------------
+
+
+def test_gc_durations_need_units_and_nothing_is_deleted_without_yes(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, live_service, cache_dir: Path,  # type: ignore[no-untyped-def]
+) -> None:
+    """Before: ``kcache gc --older-than 7`` meant 7 seconds and evicted with no confirmation."""
+    remote = ("--url", live_service.url)
+    assert cli(capsys, "push", str(cache_dir), *remote)[0] == 0
+
+    def stored() -> int:
+        return len(httpx.get(f"{live_service.url}/v1/default/kernels").json()["items"])
+
+    for flag in ("--older-than", "--min-age"):
+        rc, _, err = cli(capsys, "gc", *remote, flag, "7")
+        assert rc == 2 and f"argument {flag}: '7' has no unit: write 7s, 7m, 7h or 7d" in err
+    assert stored() == 4
+    everything = ("gc", *remote, "--max-bytes", "0", "--min-age", "0")
+    # stdin is no terminal here: the plan, then nothing deleted and exit 1.
+    rc, out, err = cli(capsys, *everything)
+    assert rc == 1 and "(dry run: nothing is deleted)" in out and "first evictions" in out
+    assert "nothing deleted: pass --yes to evict 4 items" in err and stored() == 4
+    rc, out, _ = cli(capsys, *everything, "--dry-run")
+    assert rc == 0 and "dry run" in out and stored() == 4
+    # On a terminal it asks; anything but yes keeps everything.
+    monkeypatch.setattr(sys.stdin, "isatty", lambda: True, raising=False)
+    answers: list[str] = []
+    monkeypatch.setattr("builtins.input", lambda prompt: answers.append(prompt) or "n")
+    rc, _, err = cli(capsys, *everything)
+    assert rc == 0 and "nothing deleted" in err and stored() == 4
+    assert answers and answers[0].startswith("Evict 4 items (") and "[y/N]" in answers[0]
+    monkeypatch.setattr("builtins.input", lambda prompt: "y")
+    rc, out, _ = cli(capsys, *everything)
+    assert rc == 0 and "evicted 4 items" in out and stored() == 0
+    assert cli(capsys, "push", str(cache_dir), *remote)[0] == 0
+    rc, out, _ = cli(capsys, *everything, "--older-than", "1s", "--yes")
+    assert rc == 0 and "evicted 4 items" in out and stored() == 0
+
+
+# ---- 3. errors with the thing at fault -----------------------------------------------------------
+
+
+def test_errors_name_the_url_and_the_namespace_rule(capsys: pytest.CaptureFixture[str]) -> None:
+    """Before: ``GET /v1/default/kernels: ConnectError`` (no host); ``--url …/v1`` → ``HTTP 404``;
+    ``--namespace a/b`` → 404; ``--namespace UPPER`` → ``invalid_key``."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{s.getsockname()[1]}"
+    rc, _, err = cli(capsys, "ls", "--url", closed)
+    assert rc == 1 and f"GET {closed}/v1/default/kernels: ConnectError" in err and "check --url / KCACHE_URL" in err
+    rc, _, err = cli(capsys, "ls", "--url", f"{closed}/v1/")
+    assert rc == 2 and f"--url='{closed}/v1/': ends in /v1, the API's prefix: give the service's root ({closed})" in err
+    for ns in ("a/b", "UPPER"):
+        rc, _, err = cli(capsys, "ls", "--url", closed, "--namespace", ns)
+        assert rc == 2 and f"--namespace={ns!r}: a namespace must be 1-63 chars of [a-z0-9._-]" in err
+
+
+# ---- 4. expected and missing ----------------------------------------------------------------------
+
+
+def test_version_and_a_bare_kcache_print_what_there_is(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, _ = cli(capsys, "--version")
+    assert rc == 0 and out.strip() == f"kcache {__version__}"
+    rc, out, _ = cli(capsys)
+    assert rc == 0 and out.startswith("usage: kcache") and "push" in out and "Exit codes" in out
+
+
+def test_serve_on_a_taken_port_says_so_before_serving(tmp_path: Path) -> None:
+    """Before: ``serving on http://127.0.0.1:8765``, then ``[Errno 98] address already in use``, rc 3."""
+    port = free_port()
+    with socket.socket() as taken:
+        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        taken.bind(("127.0.0.1", port))
+        taken.listen()
+        proc = subprocess.run([sys.executable, "-m", "kcache.cli", "serve", "--port", str(port), "--data-dir", str(tmp_path)],
+                              capture_output=True, text=True, timeout=60, env=clean_env(KCACHE_AUTOLOAD="0"))
+    assert proc.returncode == 1, proc.stderr
+    assert f"kcache: cannot serve on 127.0.0.1:{port}: port {port} is taken" in proc.stderr
+    assert "serving on" not in proc.stderr and "Traceback" not in proc.stderr
+
+
+# ---- 5. polish ----------------------------------------------------------------------------------
+
+
+def test_output_for_people_sizes_plurals_and_records(capsys: pytest.CaptureFixture[str], live_service, tmp_path: Path, real_kernel_dirs: list[Path]) -> None:  # type: ignore[no-untyped-def]
+    """Before: ``pushed 1 kernels (0.0 MB)``, ``producer {'kcache_version': '0.1.0'}``, sizes in
+    raw bytes, and the internal ``key-components`` layer in the per-layer table."""
+    one = tmp_path / "one"
+    shutil.copytree(real_kernel_dirs[0], one / real_kernel_dirs[0].name)
+    rc, out, _ = cli(capsys, "push", str(one), "--url", live_service.url)
+    assert rc == 0 and out.startswith("pushed 1 kernel (") and " kB) in " in out, out
+    rc, out, _ = cli(capsys, "inspect", real_kernel_dirs[0].name, "--url", live_service.url)
+    assert rc == 0 and f"producer       kcache_version={__version__}" in out and "{" not in out, out
+    assert " kB unpacked, " in out and " kB packed" in out
+    rc, _, err = cli(capsys, "ls", "--url", live_service.url)
+    assert rc == 0 and err.strip() == "1 kernel"
+    rc, out, _ = cli(capsys, "stats", "--file", str(_stats_file(tmp_path, 1, 0)))
+    table = out.split("Per layer", 1)[1].split("\n\n", 1)[0]
+    assert "  kernel " in table and "\n  key-components " not in table
+    assert "kcache's own: 1 upload (2.0 kB) of key-components (key parts for kcache explain)" in table
+    assert "0.0 MB" not in out

@@ -1,0 +1,249 @@
+"""Settings that refuse nonsense: one grammar for sizes and durations on both sides
+(``kcache_schemas.units``), every ``KCACHE_*`` value parsed strictly, a value that does not parse
+refused at ``kcache.install()`` with the variable named, and under autoload one warning with
+kcache off, never a more permissive mode than asked for (issue #27)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+from kcache import _autoload, config
+from kcache.cli import _age, _size, hit_rate_bar
+from kcache.config import ClientConfig, settings_or_off
+from kcache.errors import ConfigError
+from kcache.stats import load_stats
+from kcache_schemas.units import parse_bytes, parse_duration
+from kcache_server.retention import RetentionConfig
+from kcache_server.server import serve
+from kcache_server.settings import Settings
+
+from kcache_testkit.nodes import Node
+
+pytest_plugins = ["live"]
+
+KERNEL_JOB = Path(__file__).with_name("triton_kernel_job.py")
+GIB, GB = 1 << 30, 10**9
+
+# ---- one grammar, both sides -----------------------------------------------------------------------
+
+BYTES = [
+    ("4096", 4096), ("0", 0), ("10GiB", 10 * GIB), ("10GB", 10 * GB), ("10G", 10 * GIB), ("10gb", 10 * GB),
+    ("10 GiB", 10 * GIB), ("10Gi", 10 * GIB), ("512MiB", 512 << 20), ("500MB", 500 * 10**6), ("500M", 500 << 20),
+    ("1.5k", 1536), ("1.5kB", 1500), ("64KiB", 64 << 10), ("2TB", 2 * 10**12), ("1T", 1 << 40), ("7B", 7),
+]
+NOT_BYTES = ["-1", "-10GB", "lots", "10X", "1.5", "1e9", "10 G B", "GB", "nan", "inf"]
+
+
+@pytest.mark.parametrize(("text", "expected"), BYTES)
+def test_one_byte_grammar_on_every_side(text: str, expected: int) -> None:
+    """The client's local tier, the service's settings and retention rules, and ``kcache gc
+    --max-bytes`` read a size alike (``10G`` was 10 GiB in the client and 10 GB in the service)."""
+    assert parse_bytes(text) == expected
+    assert config.parse_bytes(text) == expected
+    assert Settings(max_pack_bytes=text).max_pack_bytes == expected
+    assert RetentionConfig.model_validate({"default": {"hard_limit": text}}).default.hard_limit == expected
+    assert _size(text) == expected
+
+
+@pytest.mark.parametrize("text", NOT_BYTES)
+def test_a_size_that_does_not_parse_is_refused_everywhere_with_the_grammar(text: str) -> None:
+    with pytest.raises(ValueError, match=r"10GiB \(powers of 1024\); 10G = 10GiB|whole number|negative"):
+        parse_bytes(text)
+    with pytest.raises(ValueError, match=r"not a size|whole number|negative"):
+        Settings(max_pack_bytes=text)
+    with pytest.raises(ValueError, match=r"KCACHE_RETENTION: default\.hard_limit"):
+        Settings(retention=json.dumps({"default": {"hard_limit": text}}))
+
+
+DURATIONS = [("90s", 90.0), ("30m", 1800.0), ("12h", 43200.0), ("7d", 7 * 86400.0), ("2w", 14 * 86400.0),
+             ("1h30m", 5400.0), ("500ms", 0.5), ("0", 0.0)]
+
+
+@pytest.mark.parametrize(("text", "seconds"), DURATIONS)
+def test_one_duration_grammar_on_every_side(text: str, seconds: float) -> None:
+    assert parse_duration(text) == seconds
+    assert RetentionConfig.model_validate({"default": {"min_age": text}}).default.min_age == seconds
+    assert Settings(body_timeout_s=text).body_timeout_s == seconds
+    assert _age(text) == seconds
+
+
+def test_a_bare_number_is_seconds_where_the_name_says_so_and_refused_by_gc_flags() -> None:
+    assert parse_duration("90") == 90.0 and Settings(body_timeout_s="90").body_timeout_s == 90.0
+    with pytest.raises(ValueError, match="'7' has no unit: write 7s, 7m, 7h or 7d"):
+        parse_duration("7", bare_seconds=False)
+    for bad in ("-1h", "soon", "7x", "inf", "1h-30m"):
+        with pytest.raises(ValueError, match=r"not a duration|must not be negative"):
+            parse_duration(bad)
+
+
+@pytest.mark.parametrize(("text", "percent"), [("80%", 80.0), ("80", 80.0), ("0.8", 80.0), ("100", 100.0),
+                                                ("0.5%", 0.5), ("1", 1.0), ("0", 0.0)])
+def test_fail_under_reads_percent_and_fractions(text: str, percent: float) -> None:
+    assert hit_rate_bar(text) == pytest.approx(percent)
+
+
+# ---- client settings -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("spelling", ["readonly", "read-only", "READ_ONLY", "ro", " ro "])
+def test_read_only_spellings_are_read_only(monkeypatch: pytest.MonkeyPatch, spelling: str) -> None:
+    monkeypatch.setenv("KCACHE_MODE", spelling)
+    cfg = ClientConfig.from_env(url="http://127.0.0.1:9")
+    assert cfg.mode == "readonly" and cfg.enabled and not cfg.can_write
+
+
+@pytest.mark.parametrize(("var", "value", "says"), [
+    ("KCACHE_MODE", "read-onyl", "not a mode: use readwrite (or read-write, rw), readonly (or read-only, ro), or off"),
+    ("KCACHE_MODE", "write", "not a mode"),
+    ("KCACHE_LOCAL_MAX_BYTES", "10 gigs", "not a size; use bytes (1048576), or a number with a unit"),
+    ("KCACHE_LOCAL_MAX_BYTES", "-1G", "a size must not be negative"),
+    ("KCACHE_CHECK_TARGET", "flase", "not a switch: use 1 or 0"),
+    ("KCACHE_TRITON_MANAGER", "nope", "not a switch"),
+    ("KCACHE_REPORT", "2", "not a switch"),
+    ("KCACHE_COORDESC_REUSE", "maybe", "not a switch"),
+    ("KCACHE_CONNECT_TIMEOUT_S", "fast", "not a duration"),
+    ("KCACHE_CONNECT_TIMEOUT_S", "0", "must be above 0s"),
+    ("KCACHE_RETRIES", "one", "not a whole number"),
+    ("KCACHE_UPLOAD_QUEUE", "0", "must be at least 1"),
+    ("KCACHE_REQUIRE_HIT", "fial", "use warn, fail, or off"),
+    ("KCACHE_LAYERS", "fx_graph", "unknown layer 'fx_graph'"),
+    ("KCACHE_NAMESPACE", "Team/A", "a namespace must be 1-63 chars of [a-z0-9._-]"),
+    ("KCACHE_URL", "not-a-url", "not a service URL: use http(s)://host[:port]"),
+    ("KCACHE_URL", "http://kcache:8765/v1", "ends in /v1, the API's prefix: give the service's root (http://kcache:8765)"),
+])
+def test_install_refuses_a_setting_that_does_not_parse_naming_it(monkeypatch: pytest.MonkeyPatch, var: str, value: str, says: str) -> None:
+    """Before: each of these fell back to its default silently (KCACHE_MODE=read-onyl uploaded)."""
+    import kcache
+
+    monkeypatch.setenv("KCACHE_URL", "http://127.0.0.1:9")
+    monkeypatch.setenv(var, value)
+    with pytest.raises(ConfigError) as info:
+        kcache.install()
+    assert f"{var}={value!r}: {says}" in str(info.value)
+    assert isinstance(info.value, ValueError)
+    from kcache.current import get_runtime
+
+    assert get_runtime() is None  # nothing was switched on
+
+
+def test_install_arguments_parse_like_the_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("KCACHE_MODE", raising=False)
+    assert ClientConfig.from_env(mode="read-only", local_max_bytes="2GB").local_max_bytes == 2 * GB
+    with pytest.raises(ConfigError, match="mode='read-onyl': not a mode"):
+        ClientConfig.from_env(mode="read-onyl")
+    with pytest.raises(TypeError, match="unknown options: mdoe"):
+        ClientConfig.from_env(mdoe="readonly")
+
+
+def test_every_problem_is_named_at_once_and_empty_means_unset(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KCACHE_MODE", "ro-")
+    monkeypatch.setenv("KCACHE_LOCAL_MAX_BYTES", "lots")
+    with pytest.raises(ConfigError) as info:
+        ClientConfig.from_env()
+    assert "KCACHE_MODE='ro-'" in str(info.value) and "KCACHE_LOCAL_MAX_BYTES='lots'" in str(info.value)
+    monkeypatch.setenv("KCACHE_MODE", "")
+    monkeypatch.setenv("KCACHE_LOCAL_MAX_BYTES", " ")
+    assert ClientConfig.from_env().mode == "readwrite"
+
+
+def test_where_kcache_activates_by_itself_a_bad_setting_is_one_warning_and_off(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setenv("KCACHE_URL", "http://127.0.0.1:9")
+    monkeypatch.setenv("KCACHE_MODE", "read-onyl-for-this-test")  # a message of its own: warn_once is per process
+    with caplog.at_level("WARNING", logger="kcache"):
+        assert settings_or_off() is None
+        assert settings_or_off() is None
+    warnings = [r.getMessage() for r in caplog.records if "invalid settings" in r.getMessage()]
+    assert len(warnings) == 1 and "KCACHE_MODE='read-onyl-for-this-test'" in warnings[0] and "kcache is off" in warnings[0]
+
+
+def test_the_autoload_module_spells_modes_and_switches_as_config_does() -> None:
+    """kcache._autoload may import nothing: its copies of the spellings must stay equal."""
+    assert set(_autoload.MODES_ON) | {_autoload.MODE_OFF} == set(config.MODES)
+    assert {m for m in _autoload.MODES_ON} == {k for k, v in config.MODES.items() if v != "off"}
+    assert (set(_autoload.SWITCH_ON), set(_autoload.SWITCH_OFF)) == (set(config._TRUE), set(config._FALSE))
+
+
+def test_layers_kcache_layers_names_are_the_layers_kcache_serves() -> None:
+    pytest.importorskip("torch")
+    from kcache import dynamo_cache, remote_cache
+
+    assert set(config.SELECTABLE_LAYERS) == {*remote_cache.LAYERS, dynamo_cache.LAYER}
+
+
+# ---- service settings --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("env", "says"), [
+    ({"KCACHE_TOKENS": '[{"name":'}, "KCACHE_TOKENS: not JSON: Expecting value"),
+    ({"KCACHE_TOKENS": '{"token": "x"}'}, "KCACHE_TOKENS: a JSON list of grants is expected"),
+    ({"KCACHE_TOKENS": '[{"token": "short", "scopes": ["read"]}]'}, "KCACHE_TOKENS: [0].token: tokens must be at least 16 characters"),
+    ({"KCACHE_MAX_PACK_BYTES": "lots"}, "KCACHE_MAX_PACK_BYTES='lots': not a size; use bytes"),
+    ({"KCACHE_BODY_TIMEOUT_S": "soon"}, "KCACHE_BODY_TIMEOUT_S='soon': not a duration"),
+    ({"KCACHE_PORT": "http"}, "KCACHE_PORT='http': Input should be a valid integer"),
+])
+def test_serve_refuses_a_bad_setting_naming_the_variable(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, env: dict[str, str], says: str) -> None:
+    monkeypatch.setenv("KCACHE_DATA_DIR", str(tmp_path))
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(SystemExit) as info:
+        serve({})
+    assert str(info.value).startswith("kcache: invalid settings: ") and says in str(info.value), info.value
+    assert "short" not in str(info.value)  # a token is never echoed
+
+
+def test_service_sizes_and_durations_take_units(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("KCACHE_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv("KCACHE_MAX_PACK_BYTES", "32MiB")
+    monkeypatch.setenv("KCACHE_MEMORY_BUDGET_BYTES", "1GB")
+    monkeypatch.setenv("KCACHE_BACKEND_TIMEOUT_S", "1500ms")
+    s = Settings()
+    assert (s.max_pack_bytes, s.memory_budget_bytes, s.backend_timeout_s) == (32 << 20, GB, 1.5)
+
+
+# ---- real interpreters, a real service ------------------------------------------------------------
+
+
+def _stored(url: str) -> int:
+    return int(httpx.get(f"{url}/v1/default/stats/usage").json()["total"]["entries"])
+
+
+def _job(node: Node, url: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """A Triton user (tests/triton_kernel_job.py) activated by the .pth, in its own HOME."""
+    return subprocess.run(
+        [sys.executable, str(KERNEL_JOB)], capture_output=True, text=True, cwd=node.root, timeout=300, stdin=subprocess.DEVNULL,
+        env=node.env(KCACHE_URL=url, KCACHE_WORKLOAD="settings", KERNEL_NUM_WARPS="4", KCACHE_STATS_FILE=str(node.root / "stats.json"), **env),
+    )
+
+
+@pytest.mark.slow
+def test_under_autoload_read_only_never_uploads_and_a_bad_mode_is_one_warning_and_off(live_service, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """``KCACHE_MODE=read-only`` (an accepted spelling) reads and never uploads; ``read-onyl``
+    (no mode) is one warning and kcache off; before, both meant readwrite and uploaded the kernel,
+    its key parts and the workload. The readwrite run last shows the job does upload."""
+    pytest.importorskip("triton")
+    url = live_service.url
+    for name, mode in (("read-only", "read-only"), ("typo", "read-onyl")):
+        proc = _job(Node(tmp_path / name), url, KCACHE_MODE=mode)
+        assert proc.returncode == 0 and '"cubin": true' in proc.stdout, proc.stderr[-3000:]
+        assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+        warnings = [ln for ln in proc.stderr.splitlines() if "kcache" in ln]
+        if mode == "read-only":
+            assert warnings == [], proc.stderr[-3000:]
+        else:
+            assert len(warnings) == 1, proc.stderr[-3000:]
+            assert "KCACHE_MODE='read-onyl': not a mode" in warnings[0] and "kcache is off in this process" in warnings[0]
+        assert _stored(url) == 0, f"KCACHE_MODE={mode} uploaded"
+        stats = tmp_path / name / "stats.json"
+        if mode == "read-only":  # kcache was on: it looked the kernel up, and put nothing
+            doc = load_stats(stats)
+            assert doc.layers["kernel"].lookups >= 1 and doc.totals().puts == 0, doc.layers
+        else:
+            assert not stats.exists()  # off: no stats either
+    proc = _job(Node(tmp_path / "rw"), url, KCACHE_MODE="read-write")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert _stored(url) > 0
