@@ -168,6 +168,7 @@ def test_the_autoload_module_spells_modes_and_switches_as_config_does() -> None:
     assert (set(_autoload.SWITCH_ON), set(_autoload.SWITCH_OFF)) == (set(config._TRUE), set(config._FALSE))
 
 
+@pytest.mark.torch
 def test_layers_kcache_layers_names_are_the_layers_kcache_serves() -> None:
     pytest.importorskip("torch")
     from kcache import dynamo_cache, remote_cache
@@ -221,6 +222,7 @@ def _job(node: Node, url: str, **env: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.torch
 def test_under_autoload_read_only_never_uploads_and_a_bad_mode_is_one_warning_and_off(live_service, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """``KCACHE_MODE=read-only`` (an accepted spelling) reads and never uploads; ``read-onyl``
     (no mode) is one warning and kcache off; before, both meant readwrite and uploaded the kernel,
