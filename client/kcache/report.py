@@ -199,7 +199,7 @@ def _verification_lines(doc: StatsDocument) -> list[str]:
     if not doc.verification:
         return []
     titles = {"fetched_unused": "Fetched, never used", "emitted_then_compiled": "Installed, then compiled anyway",
-              "refused": "Refused"}
+              "refused": "Refused", "quarantined": "Torch could not load it: quarantined"}
     lines = ["", "Post-install checks"]
     for kind, reasons in doc.verification.items():
         for reason, n in sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0])):
