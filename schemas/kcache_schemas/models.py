@@ -98,6 +98,8 @@ class KernelManifest(_Model):
     format: Literal["kcache-pack"] = PACK_FORMAT
     version: Literal[1] = PACK_FORMAT_VERSION
     key: KernelKey
+    # The stem of the kernel dir's file names: the kernel's name, or its first 150 characters
+    # for longer names (Triton cuts them in file names; <stem>.json's "name" keeps all of it).
     kernel_name: FileName
     target: KernelTarget
     triton_version: str = Field(min_length=1, max_length=64)
