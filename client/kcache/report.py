@@ -327,9 +327,10 @@ def at_exit(cfg: ClientConfig, stats: Stats, service_down: bool = False) -> None
     except Exception as exc:
         warn_once("could not collect stats at exit", exc)
         return
-    if not doc.layers:
+    if not doc.layers and not doc.verification:
         # A process that did no cache work (an idle compile worker, a runtime replaced before
         # use) reports nothing: it would only add noise lines and inflate the process count.
+        # One whose workload prefetch brought what it never asked for reports that finding.
         return
     if cfg.stats_file:
         try:
