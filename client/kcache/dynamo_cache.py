@@ -32,8 +32,9 @@ kcache serves that cache fleet-wide:
   state), and torch catches only ``RuntimeError`` there, so the job dies. kcache saves packages
   for everyone, so that failure is kcache's: the producer unpickles every guard state before it
   uploads a package (one that fails is not uploaded, counted ``unloadable``); the consumer does
-  the same to a fetched package before torch sees it, and hands torch the unpickled states (a
-  wrapped ``load_guards_state``), so the check costs no second unpickle. If torch still raises
+  the same to a fetched package before torch sees it, and hands torch the unpickled package and
+  states (wrapped ``DiskDynamoCache.read`` and ``load_guards_state``), so the check costs no
+  second unpickle. If torch still raises
   while initializing or installing a package kcache supplied, the wrapper around
   ``torch.compile`` resets the package and runs torch again, which then compiles as on a miss.
   Either way the entry leaves torch's dir and kcache's local tier and is quarantined on the
@@ -96,6 +97,9 @@ _refused: set[str] = set()  # source ids whose kcache package torch could not lo
 # Guard states kcache unpickled while checking a fetched package, by their pickled bytes: torch's
 # install gets these objects instead of unpickling the same bytes a second time.
 _preloaded: dict[bytes, Any] = {}
+# The package entries themselves, by torch's source id: torch's read of the file kcache wrote
+# gets the object already unpickled (its backends run to hundreds of MB).
+_preloaded_entries: dict[str, Any] = {}
 _original_load_guards: Callable[[bytes], Any] | None = None
 
 
@@ -120,6 +124,7 @@ def uninstall() -> None:
     _original_load_guards = None
     with _lock:
         _preloaded.clear()
+        _preloaded_entries.clear()
 
 
 def _precompile_on() -> bool:
@@ -158,6 +163,9 @@ def _hook_package(module: types.ModuleType) -> None:
         if callable(load_guards):  # CompilePackage.install calls it through the module's globals
             _original_load_guards = load_guards
             patching.patch(PATCHES, module, "load_guards_state", _wrap_load_guards(load_guards))
+        read = getattr(cls, "read", None)
+        if callable(read):  # load_cache_entry(key) -> self.read(key)
+            patching.patch(PATCHES, cls, "read", _wrap_read(read))
 
 
 def _hook_eval_frame(module: types.ModuleType) -> None:
@@ -183,8 +191,9 @@ def _hook_eval_frame(module: types.ModuleType) -> None:
                 return original(self, fn)  # torch again: a miss now, so Dynamo compiles
             finally:
                 _compiling.backend = previous
-                with _lock:
-                    _preloaded.clear()  # states torch did not ask for (it loaded nothing, or failed first)
+                with _lock:  # what torch did not ask for (it loaded nothing, or failed first)
+                    _preloaded.clear()
+                    _preloaded_entries.clear()
 
         patching.patch(PATCHES, ctx, "__call__", __call__)
 
@@ -256,6 +265,17 @@ def _wrap_load_guards(original: Callable[[bytes], Any]) -> Callable[[bytes], Any
     return load_guards_state
 
 
+def _wrap_read(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def read(self: Any, path: str, *args: Any, **kwargs: Any) -> Any:
+        entry = None
+        with guard("dynamo lookup failed"), _lock:
+            entry = _preloaded_entries.pop(path, None) if _preloaded_entries else None
+        return entry if entry is not None else original(self, path, *args, **kwargs)  # torch's, unguarded
+
+    return read
+
+
 def _recover(ctx: Any, fn: Any, exc: Exception) -> bool:
     """torch raised while initializing or installing the package kcache fetched for ``fn``:
     quarantine it, put the context's package back to its fresh state (the compile callback
@@ -308,11 +328,12 @@ def _raised_loading(exc: BaseException, cls: type) -> bool:
     return context is not None and context is not exc and _raised_loading(context, cls)
 
 
-def unloadable(module: types.ModuleType, data: bytes, *, keep: bool = False) -> str | None:
+def unloadable(module: types.ModuleType, data: bytes, *, keep_for: str | None = None) -> str | None:
     """Why torch could not load package ``data``, or None: unpickled as torch's
     ``DiskDynamoStore.read`` does, then every guard state through torch's own
     ``load_guards_state`` (what ``CompilePackage.install`` does; a bypassed code installs no
-    guards). ``keep``: hold the unpickled states for torch's install of this package."""
+    guards). ``keep_for``: the source id torch will read the package for; the unpickled entry
+    and states are handed to torch's read and install, which then unpickle nothing twice."""
     load = _original_load_guards or getattr(module, "load_guards_state", None) or pickle.loads
     guards = imported("torch._dynamo.guards")
     state_cls = getattr(guards, "GuardsState", None)
@@ -329,9 +350,10 @@ def unloadable(module: types.ModuleType, data: bytes, *, keep: bool = False) -> 
                 loaded[guarded.guards_state] = state
     except Exception as exc:
         return f"{type(exc).__name__}: {exc}"[:512]
-    if keep:
+    if keep_for is not None:
         with _lock:
             _preloaded.update(loaded)
+            _preloaded_entries[keep_for] = entry
     return None
 
 
@@ -366,7 +388,7 @@ def _fetch(module: types.ModuleType, store: Any, fn: Any) -> bool:
     data = rt.get_entry(LAYER, key)
     if data is None:
         return False
-    problem = unloadable(module, data, keep=True)
+    problem = unloadable(module, data, keep_for=source_id)
     if problem is not None:  # torch would raise it (and only a RuntimeError would spare the job)
         with _lock:
             _refused.add(source_id)
