@@ -137,6 +137,16 @@ def test_only_admin_can_delete(auth_client: httpx.Client, kernel: Kernel) -> Non
     assert_error(auth_client.delete(entry, headers=_bearer(WRITE_TOKEN)), 403, "forbidden", "admin")
     assert auth_client.delete(entry, headers=_bearer(ADMIN_TOKEN)).status_code == 204
 
+    # Quarantine: reporting takes write scope (a reader cannot take entries out of service),
+    # reading the report read scope, lifting it admin.
+    q = "/v1/default/entries/fx-graph/k2/quarantine"
+    assert_error(auth_client.post(q, json={"reason": "x"}, headers=_bearer(READ_TOKEN)), 403, "forbidden")
+    assert_error(auth_client.post(q, json={"reason": "x"}), 401, "unauthorized")
+    assert auth_client.post(q, json={"reason": "x"}, headers=_bearer(WRITE_TOKEN)).status_code == 201
+    assert auth_client.get(q, headers=_bearer(READ_TOKEN)).json()["reason"] == "x"
+    assert_error(auth_client.delete(q, headers=_bearer(WRITE_TOKEN)), 403, "forbidden", "admin")
+    assert auth_client.delete(q, headers=_bearer(ADMIN_TOKEN)).status_code == 204
+
 
 # ---- token hygiene at load --------------------------------------------------------------------
 

@@ -46,10 +46,13 @@ needs_packages = pytest.mark.skipif(
 )
 
 
-def run_node(node: Node, **kcache: str) -> dict[str, Any]:
+def run_node(node: Node, prelude: str = "", **kcache: str) -> dict[str, Any]:
+    """Run the job on ``node``; ``prelude``: Python run first in the same interpreter (a test's
+    patch of kcache), the job then runs as ``__main__`` as always."""
     stats = node.root / "stats.json"
     env = node.env(TORCH_CACHING_PRECOMPILE="1", KCACHE_STATS_FILE=str(stats), **kcache)
-    proc = subprocess.run([sys.executable, str(JOB)], env=env, cwd=node.root, capture_output=True, text=True, timeout=240)
+    argv = [sys.executable, "-c", f"{prelude}\nimport runpy; runpy.run_path({str(JOB)!r}, run_name='__main__')"] if prelude else [sys.executable, str(JOB)]
+    proc = subprocess.run(argv, env=env, cwd=node.root, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-4000:]
     line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))
     result: dict[str, Any] = json.loads(line[len("RESULT "):])
@@ -199,3 +202,145 @@ def test_an_incomplete_package_is_neither_uploaded_nor_written_for_torch(live_se
     assert rt.uploader.flush(30)
     assert rt.stats.snapshot()["dynamo"].puts == 1  # _double's package only
     assert len(list((tmp_path / "inductor" / "dynamo").glob("*/entry"))) == 1
+
+
+class _BrokenGuards:
+    """Pickles as torch 2.11's broken guard state did: ``DefaultsSource`` rebuilt with too many
+    arguments, so torch's ``load_guards_state`` raises ``TypeError`` (not a ``RuntimeError``,
+    the only error torch.compile survives there)."""
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        from torch._dynamo.source import DefaultsSource
+
+        return DefaultsSource, (1, 2, 3, 4, 5)
+
+
+def _unloadable_copy(package: bytes) -> bytes:
+    """``package`` with every guard state replaced by one torch cannot unpickle, rebuilt with
+    torch's own pickling (``DiskDynamoStore.write``: ``pickle.dumps`` of the entry)."""
+    import pickle
+
+    entry = pickle.loads(package)
+    for code in entry.dynamo.codes:
+        for guarded in code.guarded_codes:
+            guarded.guards_state = pickle.dumps(_BrokenGuards())
+    return pickle.dumps(entry)
+
+
+def _replace_on_service(client: KcacheClient, key: str, data: bytes) -> None:
+    """What a bad producer would have left: the entry under ``key`` is ``data`` (admin delete,
+    then the write-once upload)."""
+    from kcache_schemas import wire
+
+    client.delete(wire.path(wire.ENTRY, namespace="default", layer="dynamo", key=key))
+    assert client.put_entry("dynamo", key, data)
+
+
+def _populate_and_break(live_service: Any, tmp_path: Path, fleet: dict[str, str]) -> tuple[dict[str, Any], KcacheClient, str]:
+    a = run_node(Node(tmp_path / "a"), **fleet)
+    assert a["stats"]["dynamo"]["puts"] == 1, a["stats"]
+    client = KcacheClient(ClientConfig(url=live_service.url))
+    view = client.get_json(f"/v1/default/workloads/{fleet['KCACHE_WORKLOAD']}")
+    (key,) = [e["key"] for e in view["entries"] if e["layer"] == "dynamo"]
+    good, _ = client.get_entry("dynamo", key)
+    _replace_on_service(client, key, _unloadable_copy(good))
+    return a, client, key
+
+
+def _verification(node: Node) -> dict[str, dict[str, int]]:
+    return dict(json.loads((node.root / "stats.json").read_text()).get("verification", {}))
+
+
+@needs_packages
+@pytest.mark.slow
+def test_a_package_torch_cannot_load_is_quarantined_and_the_job_goes_on(live_service, tmp_path: Path) -> None:
+    """The package on the service is one torch cannot load (a guard state that raises TypeError
+    when unpickled, as torch 2.11's did for a transformers BERT). The fresh node that fetches it
+    exits 0 with the output of a compile, says so once, and the service takes the entry out of
+    service: a third node never receives it. Before kcache checked packages, node B died."""
+    from kcache.errors import Quarantined
+
+    fleet = {"KCACHE_URL": live_service.url, "KCACHE_WORKLOAD": "precompiled-bad"}
+    a, client, key = _populate_and_break(live_service, tmp_path, fleet)
+
+    b = run_node(Node(tmp_path / "b"), **fleet)  # the prefetch brings the bad package
+    assert (b["out"], b["grad"]) == (a["out"], a["grad"])
+    assert b["dynamo_cache"] == {"dynamo_cache_miss": 1}, "torch never saw the bad package"
+    assert len(b["kcache_lines"]) == 1 and "quarantined" in b["kcache_lines"][0], b["kcache_lines"]
+    assert b["stats"]["dynamo"]["error_kinds"] == {"quarantined": 1}, b["stats"]["dynamo"]
+    assert b["stats"]["dynamo"]["puts"] == 0 and b["stats"]["dynamo"]["put_errors"] == 0  # not handed back either
+    (reason,) = _verification(Node(tmp_path / "b"))["quarantined"]
+    assert reason.startswith("dynamo: TypeError: DefaultsSource.__init__()"), reason
+    assert not list((tmp_path / "b" / "home" / ".cache" / "kcache" / "client" / "entries").glob("*/default/dynamo/*/*"))
+
+    info = client.quarantine_info("dynamo", key)
+    assert "DefaultsSource" in info.reason and info.entry is not None and info.reporter and info.reporter.startswith("kcache/")
+    with pytest.raises(Quarantined):
+        client.get_entry("dynamo", key)
+    view = client.get_json("/v1/default/workloads/precompiled-bad")
+    assert not [e for e in view["entries"] if e["layer"] == "dynamo"], "never prefetched again"
+
+    c = run_node(Node(tmp_path / "c"), **fleet)  # a third node: never receives it, compiles
+    assert (c["out"], c["grad"]) == (a["out"], a["grad"])
+    assert c["dynamo_cache"] == {"dynamo_cache_miss": 1}
+    assert c["stats"]["dynamo"]["hits"] == 0 and c["stats"]["dynamo"]["miss_reasons"] == {"quarantined": 1}, c["stats"]["dynamo"]
+    assert c["stats"]["dynamo"]["put_errors"] == 1 and c["stats"]["dynamo"]["error_kinds"] == {"Quarantined": 1}  # its upload refused
+    assert not c["kcache_lines"], c["kcache_lines"]
+
+
+@needs_packages
+@pytest.mark.slow
+def test_torch_failing_on_a_package_kcache_supplied_compiles_as_on_a_miss(live_service, tmp_path: Path) -> None:
+    """The check before torch is skipped (as for a failure it cannot foresee): torch raises
+    ``TypeError`` installing the package, and kcache's wrapper around ``torch.compile`` resets the
+    package and runs torch again, which compiles. A package of the user's own that torch cannot
+    load stays torch's business: that job fails as it would without kcache."""
+    fleet = {"KCACHE_URL": live_service.url, "KCACHE_WORKLOAD": "precompiled-bad"}
+    a, client, key = _populate_and_break(live_service, tmp_path, fleet)
+
+    skip_check = "import kcache.dynamo_cache as d; d.unloadable = lambda *args, **kwargs: None"
+    b = run_node(Node(tmp_path / "b"), prelude=skip_check, **fleet)
+    assert (b["out"], b["grad"]) == (a["out"], a["grad"])
+    assert b["dynamo_cache"] == {"dynamo_cache_hit": 1, "dynamo_cache_miss": 1}, "torch loaded it, failed, then compiled"
+    assert len(b["kcache_lines"]) == 1 and "quarantined" in b["kcache_lines"][0], b["kcache_lines"]
+    assert "DefaultsSource" in client.quarantine_info("dynamo", key).reason
+    assert b["stats"]["dynamo"]["puts"] == 0  # its own package has the quarantined key: not offered again
+
+    # Node A's own package, broken in torch's own dir: torch raises, with or without kcache.
+    (entry,) = (tmp_path / "a" / "tmp").glob("torchinductor_*/dynamo/*/entry")
+    entry.write_bytes(_unloadable_copy(entry.read_bytes()))
+    env = Node(tmp_path / "a").env(TORCH_CACHING_PRECOMPILE="1", **fleet)
+    proc = subprocess.run([sys.executable, str(JOB)], env=env, cwd=tmp_path / "a", capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 1 and "TypeError: DefaultsSource.__init__()" in proc.stderr, proc.stderr[-3000:]
+
+
+def _quad(x: Any) -> Any:
+    return x * 4
+
+
+@needs_packages
+def test_a_package_torch_cannot_load_is_not_uploaded(live_service, precompile_on: None, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Producer side: before a package torch writes is uploaded, its guard states are unpickled
+    as torch's install would; one that fails stays in torch's own dir (the user's) and is not
+    handed to the fleet, counted as a put error ``unloadable``, said once."""
+    import logging
+
+    import torch._dynamo.package as package
+    from kcache import dynamo_cache
+
+    rt = _install(live_service.url, tmp_path, mode="readwrite")
+    torch.compile(_double)(torch.randn(4))
+    dynamo_cache.save_pending()  # torch writes _double's package; kcache checks and uploads it
+    assert rt.uploader.flush(30) and rt.stats.snapshot()["dynamo"].puts == 1
+    (good,) = (tmp_path / "inductor" / "dynamo").glob("*/entry")
+
+    torch.compile(_quad)  # kcache learns the service key of _quad's package (a miss)
+    quad_id = package.CompilePackage.source_id_from_fn(_quad)
+    with caplog.at_level(logging.WARNING, logger="kcache"):
+        package.DynamoCache._write_to_local_cache(_unloadable_copy(good.read_bytes()), quad_id)  # as torch writes one
+    assert rt.uploader.flush(30)
+    stats = rt.stats.snapshot()["dynamo"]
+    assert stats.puts == 1 and stats.put_errors == 1 and stats.error_kinds == {"unloadable": 1}, stats
+    assert (tmp_path / "inductor" / "dynamo" / quad_id / "entry").exists()  # torch's own copy stays
+    said = [r.getMessage() for r in caplog.records if "cannot be loaded" in r.getMessage()]
+    assert len(said) == 1 and "DefaultsSource" in said[0], said

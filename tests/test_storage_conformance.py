@@ -242,6 +242,20 @@ def test_index_usage_follows_upserts_and_deletes(index: Index) -> None:
     assert "kernel" not in index.usage().get("v", {})
 
 
+def test_index_records_without_a_blob_delete_and_evict(index: Index) -> None:
+    """Markers, pins and quarantine reports hold no blob (digest "", size 0). Redis's delete
+    scripts once decremented the byte count by ``-0``, which Lua spells "-0" and HINCRBY refuses."""
+    index.put_if_absent(_rec("Q", ns="z", kind="quarantine/dynamo", digest="", size=0))
+    index.put_if_absent(_rec("P", ns="z", kind="pin", digest="", size=0))
+    assert index.usage()["z"]["quarantine/dynamo"] == KindUsage(1, 0)
+    assert index.delete("z", "quarantine/dynamo", "Q") is True
+    assert index.get("z", "quarantine/dynamo", "Q") is None
+    assert "quarantine/dynamo" not in index.usage().get("z", {})
+    (pin,) = index.list("z", "pin")
+    assert index.delete_unused([pin]) == [True]
+    assert "pin" not in index.usage().get("z", {})
+
+
 # ---- retention: eviction, blob references, deletion markers, leases -----------------------------
 
 

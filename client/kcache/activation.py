@@ -78,6 +78,13 @@ def _activate(config: ClientConfig, overrides: dict[str, Any]) -> bool:
             from kcache.coordesc_reuse import install as install_coordesc_reuse
 
             install_coordesc_reuse(config.coordesc_reuse)
+        with guard("could not key Inductor's local autotune cache by this node's dir"):
+            from kcache_schemas import wire
+
+            from kcache import autotune_paths
+
+            if wire.CacheLayer.AUTOTUNE.value in selected_layers(config.layers):  # so a fresh node asks kcache's layer
+                autotune_paths.install()
     return True
 
 

@@ -18,9 +18,10 @@ from typing import TYPE_CHECKING
 
 from kcache import __version__
 from kcache.config import ClientConfig
-from kcache.errors import ConfigError, KcacheError, NotFound, ServiceUnavailable
+from kcache.errors import ConfigError, KcacheError, NotFound, Quarantined, ServiceUnavailable
 
 if TYPE_CHECKING:
+    from kcache_schemas.models import QuarantineInfo
     from kcache_schemas.retention import GcReport
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -319,7 +320,10 @@ def _inspect_entry(args: argparse.Namespace) -> int:
     except InvalidKeyError as exc:
         raise SystemExit(f"kcache inspect: {exc}") from None
     client = _client(args)
-    info = client.entry_info(layer, key)
+    try:
+        info = client.entry_info(layer, key)
+    except Quarantined:
+        return _print_quarantine(client.quarantine_info(layer, key), args.json)
     stored, _ = client.get_entry(layer, key)
     header = None
     if envelope.is_signed(stored):
@@ -360,6 +364,25 @@ def _inspect_entry(args: argparse.Namespace) -> int:
         print("signed by      nobody: the entry is unsigned")
     print(f"here           {verdict}")
     return 1 if accepted is False else 0
+
+
+def _print_quarantine(q: QuarantineInfo, as_json: bool) -> int:
+    """A quarantined entry (a node reported torch could not load it): why, when, and what was
+    stored. Exit 1: no node is served it."""
+    if as_json:
+        print(json.dumps({"quarantine": q.model_dump(mode="json"), "accepted": False,
+                          "verdict": f"quarantined: {q.reason}"}, indent=2))
+        return 1
+    print(f"layer          {q.layer}\nkey            {q.key}\nnamespace      {q.namespace}")
+    print(f"QUARANTINED    {q.quarantined_at.isoformat()} by {q.reporter or 'an unnamed client'}: served to no node, uploads refused")
+    print(f"  reason       {q.reason}")
+    if q.entry is not None:
+        print(f"  was          {q.entry.size} bytes, sha256 {q.entry.sha256}, stored {q.entry.created_at.isoformat()}")
+        if q.entry.signature is not None:
+            prov = q.entry.signature.provenance
+            print(f"  signed by    {q.entry.signature.alg} key {q.entry.signature.key_id}, host {prov.host}, run {prov.run_id or '-'}")
+    print("  lift it      DELETE .../quarantine with an admin token (the entry itself is gone)")
+    return 1
 
 
 def _keygen(args: argparse.Namespace) -> int:

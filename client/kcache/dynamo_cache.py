@@ -27,6 +27,18 @@ kcache serves that cache fleet-wide:
   AOTAutograd entry torch could not serialize: "Backend not found") is neither uploaded nor, when
   kcache is the one saving, written: torch 2.11 traces such a code again on load and fails
   (``assert name not in scope`` in ``install_global``), where without the package it compiles.
+* **only packages torch can load**: torch itself can fail to load a package it wrote (torch
+  2.11, a transformers BERT: ``TypeError: DefaultsSource.__init__() ...`` unpickling a guard
+  state), and torch catches only ``RuntimeError`` there, so the job dies. kcache saves packages
+  for everyone, so that failure is kcache's: the producer unpickles every guard state before it
+  uploads a package (one that fails is not uploaded, counted ``unloadable``); the consumer does
+  the same to a fetched package before torch sees it, and hands torch the unpickled package and
+  states (wrapped ``DiskDynamoCache.read`` and ``load_guards_state``), so the check costs no
+  second unpickle. If torch still raises
+  while initializing or installing a package kcache supplied, the wrapper around
+  ``torch.compile`` resets the package and runs torch again, which then compiles as on a miss.
+  Either way the entry leaves torch's dir and kcache's local tier and is quarantined on the
+  service (:meth:`Runtime.quarantine`), with one warning. A user's own package stays torch's.
 
 **Keys.** torch's source id is ``sha256(qualname, first line)``: ``Net.forward`` at line 12 of
 two projects collide, and torch relies on its source checks at load time. The service key adds
@@ -48,6 +60,8 @@ import hashlib
 import json
 import logging
 import os
+import pickle
+import shutil
 import sys
 import threading
 import types
@@ -79,6 +93,14 @@ _compiling = threading.local()  # .backend: the torch.compile backend being wrap
 _original_write: Callable[..., Any] | None = None  # torch's own store: fetched entries are not uploaded again
 _incomplete: set[str] = set()  # source ids whose last package torch wrote had a bypassed code
 _saving = threading.local()  # .active: kcache's save at exit is writing (incomplete ones are skipped)
+_refused: set[str] = set()  # source ids whose kcache package torch could not load: not fetched again
+# Guard states kcache unpickled while checking a fetched package, by their pickled bytes: torch's
+# install gets these objects instead of unpickling the same bytes a second time.
+_preloaded: dict[bytes, Any] = {}
+# The package entries themselves, by torch's source id: torch's read of the file kcache wrote
+# gets the object already unpickled (its backends run to hundreds of MB).
+_preloaded_entries: dict[str, Any] = {}
+_original_load_guards: Callable[[bytes], Any] | None = None
 
 
 def install() -> None:
@@ -93,12 +115,16 @@ def install() -> None:
 
 def uninstall() -> None:
     """Hand over what this process compiled (through the hooks, still in place), then unhook."""
-    global _served, _original_write
+    global _served, _original_write, _original_load_guards
     with guard("could not save Dynamo's precompile packages"):
         save_pending()
     _served = False
     patching.restore(PATCHES)
     _original_write = None
+    _original_load_guards = None
+    with _lock:
+        _preloaded.clear()
+        _preloaded_entries.clear()
 
 
 def _precompile_on() -> bool:
@@ -110,7 +136,7 @@ def _precompile_on() -> bool:
 
 
 def _hook_package(module: types.ModuleType) -> None:
-    global _original_write
+    global _original_write, _original_load_guards
     with guard("could not hook Dynamo's precompile cache; layer dynamo not served"):
         cls = getattr(module, "DiskDynamoCache", None)
         load = patching.current(cls, "load") if isinstance(cls, type) else None
@@ -133,6 +159,13 @@ def _hook_package(module: types.ModuleType) -> None:
         store = getattr(cls, "write", None)
         if callable(store):
             patching.patch(PATCHES, cls, "write", _wrap_store(store))
+        load_guards = getattr(module, "load_guards_state", None)
+        if callable(load_guards):  # CompilePackage.install calls it through the module's globals
+            _original_load_guards = load_guards
+            patching.patch(PATCHES, module, "load_guards_state", _wrap_load_guards(load_guards))
+        read = getattr(cls, "read", None)
+        if callable(read):  # load_cache_entry(key) -> self.read(key)
+            patching.patch(PATCHES, cls, "read", _wrap_read(read))
 
 
 def _hook_eval_frame(module: types.ModuleType) -> None:
@@ -147,9 +180,20 @@ def _hook_eval_frame(module: types.ModuleType) -> None:
             previous = getattr(_compiling, "backend", None)
             _compiling.backend = getattr(self, "callback", None)
             try:
-                return original(self, fn)
+                try:
+                    return original(self, fn)  # torch's, unguarded
+                except Exception as exc:
+                    recovered = False
+                    with guard("could not recover from a Dynamo package torch failed to load"):
+                        recovered = _recover(self, fn, exc)
+                    if not recovered:
+                        raise  # not a package kcache supplied, or no way back: torch's own behaviour
+                return original(self, fn)  # torch again: a miss now, so Dynamo compiles
             finally:
                 _compiling.backend = previous
+                with _lock:  # what torch did not ask for (it loaded nothing, or failed first)
+                    _preloaded.clear()
+                    _preloaded_entries.clear()
 
         patching.patch(PATCHES, ctx, "__call__", __call__)
 
@@ -163,9 +207,17 @@ def _wrap_load(module: types.ModuleType, original: Callable[..., Any]) -> Callab
         result = original(self, fn, *args, **kwargs)  # torch's, unguarded
         if fetched and result is None:
             with guard("dynamo lookup failed"):
+                # torch could not read what kcache wrote (it counted dynamo_cache_error, said why
+                # and compiles): out of its dir, and out of service.
+                source_id = str(module.CompilePackage.source_id_from_fn(fn))
+                with _lock:
+                    _from_service.discard(source_id)
+                    _refused.add(source_id)
+                    key = _service_keys.get(source_id)
+                shutil.rmtree(os.path.join(self.path_prefix(), source_id), ignore_errors=True)
                 rt = get_runtime()
-                if rt is not None:
-                    rt.stats.error(LAYER, "unloadable")  # torch counted dynamo_cache_error and said why
+                if rt is not None and key is not None:
+                    rt.quarantine(LAYER, key, "torch could not read the package (DynamoCache.load)")
         return result
 
     return load
@@ -202,6 +254,109 @@ def _wrap_store(original: Callable[..., Any]) -> Callable[..., Any]:
     return write
 
 
+def _wrap_load_guards(original: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+    @functools.wraps(original)
+    def load_guards_state(guards_state: bytes) -> Any:
+        state = None
+        with guard("dynamo lookup failed"), _lock:
+            state = _preloaded.pop(guards_state, None) if _preloaded else None
+        return state if state is not None else original(guards_state)  # torch's, unguarded
+
+    return load_guards_state
+
+
+def _wrap_read(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def read(self: Any, path: str, *args: Any, **kwargs: Any) -> Any:
+        entry = None
+        with guard("dynamo lookup failed"), _lock:
+            entry = _preloaded_entries.pop(path, None) if _preloaded_entries else None
+        return entry if entry is not None else original(self, path, *args, **kwargs)  # torch's, unguarded
+
+    return read
+
+
+def _recover(ctx: Any, fn: Any, exc: Exception) -> bool:
+    """torch raised while initializing or installing the package kcache fetched for ``fn``:
+    quarantine it, put the context's package back to its fresh state (the compile callback
+    holds the same object) and tell the wrapper to run torch again. False where the package
+    was not kcache's, the error came from elsewhere, or this torch lacks the pieces."""
+    package_module = imported(PACKAGE_MODULE)
+    package: Any = getattr(ctx, "_package", None)
+    cls: Any = getattr(package_module, "CompilePackage", None)
+    if package is None or not _instance_of(package, cls) or not _precompile_on():
+        return False
+    if not _raised_loading(exc, cls):
+        return False
+    nn = imported("torch.nn")
+    fn_key = fn.forward if nn is not None and isinstance(fn, nn.Module) else fn  # what torch loads for
+    source_id = str(cls.source_id_from_fn(fn_key))
+    with _lock:
+        if source_id not in _from_service:
+            return False  # the user's own package: torch's behaviour stands
+        _from_service.discard(source_id)
+        _refused.add(source_id)
+        key = _service_keys.get(source_id)
+    store = getattr(package_module, "DynamoCache", None)
+    prefix = getattr(store, "path_prefix", None)
+    if callable(prefix):
+        shutil.rmtree(os.path.join(prefix(), source_id), ignore_errors=True)  # the copy kcache wrote
+    if getattr(package, "_innermost_fn", None) is not None:
+        with guard("could not uninstall a Dynamo package torch failed to load"):
+            package.uninstall()  # globals it installed before failing
+    cls.__init__(package, None)  # empty and uninitialized, as torch.compile made it
+    rt = get_runtime()
+    if rt is not None and key is not None:
+        rt.quarantine(LAYER, key, f"{type(exc).__name__}: {exc}"[:512])
+    return True
+
+
+def _instance_of(obj: Any, cls: Any) -> bool:
+    return isinstance(cls, type) and isinstance(obj, cls)
+
+
+def _raised_loading(exc: BaseException, cls: type) -> bool:
+    """Did ``exc`` come out of ``CompilePackage.initialize`` or ``install`` (loading a package),
+    rather than from anything else ``torch.compile`` does?"""
+    codes = {getattr(getattr(cls, name, None), "__code__", None) for name in ("initialize", "install")}
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code in codes:
+            return True
+        tb = tb.tb_next
+    context = exc.__context__  # torch's own except-branch failing in turn (initialize again)
+    return context is not None and context is not exc and _raised_loading(context, cls)
+
+
+def unloadable(module: types.ModuleType, data: bytes, *, keep_for: str | None = None) -> str | None:
+    """Why torch could not load package ``data``, or None: unpickled as torch's
+    ``DiskDynamoStore.read`` does, then every guard state through torch's own
+    ``load_guards_state`` (what ``CompilePackage.install`` does; a bypassed code installs no
+    guards). ``keep_for``: the source id torch will read the package for; the unpickled entry
+    and states are handed to torch's read and install, which then unpickle nothing twice."""
+    load = _original_load_guards or getattr(module, "load_guards_state", None) or pickle.loads
+    guards = imported("torch._dynamo.guards")
+    state_cls = getattr(guards, "GuardsState", None)
+    loaded: dict[bytes, Any] = {}
+    try:
+        entry = pickle.loads(data)
+        for code in entry.dynamo.codes:
+            if getattr(code, "bypassed", False):
+                continue
+            for guarded in code.guarded_codes:
+                state = load(guarded.guards_state)
+                if isinstance(state_cls, type) and not isinstance(state, state_cls):
+                    return f"a guard state unpickles to {type(state).__name__}, not GuardsState"
+                loaded[guarded.guards_state] = state
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"[:512]
+    if keep_for is not None:
+        with _lock:
+            _preloaded.update(loaded)
+            _preloaded_entries[keep_for] = entry
+    return None
+
+
 def _complete(cache_entry: Any) -> bool:
     """False if torch bypassed a code of the package (a backend it could not serialize)."""
     codes = getattr(getattr(cache_entry, "dynamo", None), "codes", None)
@@ -223,6 +378,8 @@ def _fetch(module: types.ModuleType, store: Any, fn: Any) -> bool:
         if known != key:  # two functions of this process share torch's source id: torch mixes them
             _service_keys[source_id] = None
             return False
+        if source_id in _refused:
+            return False  # torch could not load kcache's package for it: compile, as on a miss
     if os.path.exists(os.path.join(store.path_prefix(), source_id)):
         return False  # torch's own local entry: torch reads it
     write = _original_write
@@ -230,6 +387,12 @@ def _fetch(module: types.ModuleType, store: Any, fn: Any) -> bool:
         return False
     data = rt.get_entry(LAYER, key)
     if data is None:
+        return False
+    problem = unloadable(module, data, keep_for=source_id)
+    if problem is not None:  # torch would raise it (and only a RuntimeError would spare the job)
+        with _lock:
+            _refused.add(source_id)
+        rt.quarantine(LAYER, key, problem)
         return False
     write(store, data, source_id)  # torch's atomic write, unhooked: the service has it
     with _lock:
@@ -246,6 +409,14 @@ def _upload(source_id: str, pickled: bytes) -> None:
         if key is None or source_id in _from_service or source_id in _incomplete:
             return  # a lookup this process did not see, an ambiguous id, the service's own entry, or incomplete
         _handed_over.add(source_id)
+    module = imported(PACKAGE_MODULE)
+    problem = unloadable(module, pickled) if module is not None else None
+    if problem is not None:
+        # torch wrote a package it cannot load (torch 2.11: a guard state that does not
+        # unpickle); torch's own local copy is the user's, but no other node gets it.
+        rt.stats.put_error(LAYER, "unloadable")
+        warn_once(f"a Dynamo package torch wrote cannot be loaded ({problem[:200]}); not uploaded")
+        return
     rt.put_entry(LAYER, key, bytes(pickled))
 
 

@@ -29,6 +29,11 @@ class NotFound(KcacheError):
     """The service has no such kernel or entry (a miss)."""
 
 
+class Quarantined(NotFound):
+    """A node reported that torch could not load this entry: the service serves it to nobody
+    (a miss, told apart from a cold one) and refuses uploads of its key."""
+
+
 class Conflict(KcacheError):
     """Write-once: the service holds different content under this key."""
 
@@ -55,6 +60,7 @@ class InvalidPack(KcacheError):
 
 _BY_CODE: dict[str, type[KcacheError]] = {
     ErrorCode.NOT_FOUND.value: NotFound,
+    ErrorCode.QUARANTINED.value: Quarantined,
     ErrorCode.CONFLICT.value: Conflict,
     ErrorCode.UNAUTHORIZED.value: AuthError,
     ErrorCode.FORBIDDEN.value: AuthError,

@@ -20,6 +20,8 @@ from kcache_schemas import (
     ErrorCode,
     InvalidKeyError,
     KernelEntry,
+    QuarantineInfo,
+    QuarantineRequest,
     normalize_kernel_key,
     wire,
 )
@@ -249,6 +251,19 @@ class KcacheClient:
 
     def entry_info(self, layer: str, key: str) -> EntryInfo:
         return EntryInfo.model_validate_json(self._request("GET", wire.path(wire.ENTRY_INFO, namespace=self._ns, layer=layer, key=key)).content)
+
+    def quarantine(self, layer: str, key: str, reason: str, sha256: str | None = None) -> QuarantineInfo:
+        """Report that torch could not load the entry (``sha256``: of the stored bytes we got);
+        the service then serves it to no node. Conflict if the service holds other content."""
+        body = QuarantineRequest(reason=reason[:512], sha256=sha256).model_dump_json()
+        headers = {"Content-Type": "application/json", wire.PRODUCER: f"kcache/{__version__}"}
+        # Idempotent on the service (a second report returns the first): safe to retry.
+        r = self._request("POST", wire.path(wire.ENTRY_QUARANTINE, namespace=self._ns, layer=layer, key=key), content=body, headers=headers)
+        return QuarantineInfo.model_validate_json(r.content)
+
+    def quarantine_info(self, layer: str, key: str) -> QuarantineInfo:
+        """Why the entry is quarantined; NotFound if it is not."""
+        return QuarantineInfo.model_validate_json(self._request("GET", wire.path(wire.ENTRY_QUARANTINE, namespace=self._ns, layer=layer, key=key)).content)
 
     # ---- generic JSON (workloads, runs) ---------------------------------------------------
 

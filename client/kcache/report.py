@@ -217,7 +217,7 @@ def _verification_lines(doc: StatsDocument) -> list[str]:
     if not doc.verification:
         return []
     titles = {"fetched_unused": "Fetched, never used", "emitted_then_compiled": "Installed, then compiled anyway",
-              "refused": "Refused"}
+              "refused": "Refused", "quarantined": "Torch could not load it: quarantined"}
     lines = ["", "Post-install checks"]
     for kind, reasons in doc.verification.items():
         for reason, n in sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0])):
@@ -347,9 +347,10 @@ def at_exit(cfg: ClientConfig, stats: Stats, service_down: bool = False) -> None
     except Exception as exc:
         warn_once("could not collect stats at exit", exc)
         return
-    if not doc.layers:
+    if not doc.layers and not doc.verification:
         # A process that did no cache work (an idle compile worker, a runtime replaced before
         # use) reports nothing: it would only add noise lines and inflate the process count.
+        # One whose workload prefetch brought what it never asked for reports that finding.
         return
     if cfg.stats_file:
         try:

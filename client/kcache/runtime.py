@@ -7,6 +7,7 @@ Triton. Misses and errors are counted apart.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping
@@ -26,7 +27,7 @@ from kcache._process import claim_prefetch
 from kcache.after_import import imported
 from kcache.config import ClientConfig
 from kcache.emitter import EmitOutcome, emit_files, emit_pack_manifest
-from kcache.errors import InvalidPack, KcacheError, NotFound
+from kcache.errors import Conflict, InvalidPack, KcacheError, NotFound, Quarantined
 from kcache.failopen import warn_once
 from kcache.http import KcacheClient
 from kcache.signing import EntrySigning, SigningUnavailable
@@ -78,6 +79,8 @@ class Runtime:
         # is a post-install finding (``emitted_then_compiled``).
         self.emitted_kernels: dict[str, Path] = {}
         self.bundle_emit_s = 0.0  # time spent emitting Inductor bundles (read_and_emit)
+        # Entries torch could not load: never served again by this process, nor uploaded.
+        self.quarantined: set[tuple[str, str]] = set()
         self._lock = threading.Lock()
         self._closed = False
         self.local = config.local_store()
@@ -104,6 +107,8 @@ class Runtime:
         from each other) and reads as None; nothing escapes into the compile."""
         try:
             return call()
+        except Quarantined:
+            self.stats.miss(layer, "quarantined")
         except NotFound:
             self.stats.miss(layer, self.miss_reason())
         except KcacheError as exc:
@@ -218,6 +223,9 @@ class Runtime:
         """Local tier, then a promised prefetch, then the service. With signing configured, only
         what a trusted key signed gets through (see :mod:`kcache.signing`), before any caller
         (Inductor's unpickler, Triton's module loader) sees a byte."""
+        if (layer, key) in self.quarantined:
+            self.stats.miss(layer, "quarantined")
+            return None
         with self.stats.timed(layer):
             refused: SignatureError | None = None
             data: bytes | None = None
@@ -255,6 +263,40 @@ class Runtime:
             self.used_entries.add((layer, key))
         return data
 
+    def quarantine(self, layer: str, key: str, reason: str) -> None:
+        """An entry this process handed over that torch (or Triton) could not load: the job goes
+        on as on a miss (the caller's part), and here the entry is dropped from the local tier,
+        counted (an error and a ``quarantined`` finding, with the reason), said once, never
+        served or uploaded again by this process, and reported to the service, which then
+        serves it to no node (any mode but off: a report is not an upload; a token without
+        write scope is refused and counted). Never raises."""
+        with self._lock:
+            self.quarantined.add((layer, key))
+            self.used_entries.discard((layer, key))  # not for the workload's next prefetch
+        # The report names the stored bytes that failed (the local tier holds what was handed
+        # over, as stored), so the service leaves other content under the key alone: hashed
+        # here, not on every hit (FX entries run to hundreds of MB).
+        stored = self.local.get(layer, key)
+        sha256 = hashlib.sha256(stored).hexdigest() if stored is not None else None
+        self.local.discard(layer, key)
+        self.stats.error(layer, "quarantined")
+        self.stats.verify("quarantined", f"{layer}: {reason}")
+        warn_once(f"torch could not load a {layer} entry kcache supplied ({reason[:200]}); it compiles as on a miss, "
+                  "and the entry is quarantined for every node")
+        client = self.client
+        if client is None:
+            return
+        try:
+            client.quarantine(layer, key, reason, sha256)
+        except Conflict:
+            # The service holds other content under the key (our copy was not the stored one):
+            # that one stays in service; ours is gone from the local tier.
+            self.stats.error(layer, "quarantine_other_content")
+        except KcacheError as exc:
+            self.stats.error(layer, f"quarantine_{type(exc).__name__}")
+        except Exception as exc:
+            self._unexpected(layer, exc)
+
     def _open(self, layer: str, key: str, stored: bytes) -> bytes | SignatureError:
         """The payload of a stored entry, or why it must not be used."""
         try:
@@ -288,6 +330,8 @@ class Runtime:
         handlers). Signed first, if signing is configured; a process that only verifies
         (``KCACHE_TRUSTED_KEYS`` without a private key) uploads no entries. ``record``: list it in
         the workload's manifest (what the next job prefetches)."""
+        if (layer, key) in self.quarantined:
+            return  # the service refuses it, and it would not load anywhere else either
         if record:
             with self._lock:
                 self.used_entries.add((layer, key))

@@ -36,6 +36,8 @@ if TYPE_CHECKING:
         PackFile,
         Producer,
         Provenance,
+        QuarantineInfo,
+        QuarantineRequest,
     )
     from kcache_schemas.pack import PackLimits, build_pack, pack_kernel_dir, read_pack
 
@@ -44,7 +46,7 @@ _HOMES = {
     "keys": ("InvalidKeyError", "normalize_entry_key", "normalize_kernel_key", "validate_layer", "validate_namespace",
              "validate_run_id", "validate_workload_name"),
     "models": ("EntryInfo", "EntrySignature", "KernelEntry", "KernelManifest", "KernelTarget", "PackFile", "Producer",
-               "Provenance"),
+               "Provenance", "QuarantineInfo", "QuarantineRequest"),
     "pack": ("PackLimits", "build_pack", "pack_kernel_dir", "read_pack"),
 }
 _HOME_OF = {name: module for module, names in _HOMES.items() for name in names}
@@ -63,6 +65,8 @@ __all__ = [  # spelled out for type checkers; tests/test_schemas.py checks it ag
     "PackLimits",
     "Producer",
     "Provenance",
+    "QuarantineInfo",
+    "QuarantineRequest",
     "build_pack",
     "normalize_entry_key",
     "normalize_kernel_key",

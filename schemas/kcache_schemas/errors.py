@@ -21,6 +21,9 @@ class ErrorCode(str, Enum):
     KEY_MISMATCH = "key_mismatch"
     CONFLICT = "conflict"
     NOT_FOUND = "not_found"
+    # An entry a client reported torch could not load (POST .../quarantine): answered like a
+    # missing one, so every node compiles, and told apart so nobody mistakes it for a cold cache.
+    QUARANTINED = "quarantined"
     TOO_LARGE = "too_large"
     INSUFFICIENT_STORAGE = "insufficient_storage"
     UNAUTHORIZED = "unauthorized"
@@ -42,6 +45,7 @@ STATUS: dict[ErrorCode, int] = {
     ErrorCode.KEY_MISMATCH: 400,
     ErrorCode.CONFLICT: 409,
     ErrorCode.NOT_FOUND: 404,
+    ErrorCode.QUARANTINED: 404,  # 409 for an upload of a quarantined key (the service passes it)
     ErrorCode.TOO_LARGE: 413,
     # The namespace is at its hard storage limit (bazel-remote's answer): the upload is refused,
     # nothing stored is touched, and the service's GC is already making room.

@@ -98,6 +98,8 @@ class KernelManifest(_Model):
     format: Literal["kcache-pack"] = PACK_FORMAT
     version: Literal[1] = PACK_FORMAT_VERSION
     key: KernelKey
+    # The stem of the kernel dir's file names: the kernel's name, or its first 150 characters
+    # for longer names (Triton cuts them in file names; <stem>.json's "name" keeps all of it).
     kernel_name: FileName
     target: KernelTarget
     triton_version: str = Field(min_length=1, max_length=64)
@@ -216,6 +218,29 @@ class EntryInfo(_Model):
     created_at: datetime
     producer: Producer = Producer()
     signature: EntrySignature | None = None
+
+
+class QuarantineRequest(_Model):
+    """A client's report that torch could not load an entry kcache handed it."""
+
+    reason: str = Field(min_length=1, max_length=512, description="what torch raised, e.g. 'TypeError: ...'")
+    # The sha256 of the stored bytes the client got: a report about other content (a corrupt
+    # local copy, an entry replaced since) leaves the stored entry alone (409).
+    sha256: Sha256 | None = None
+
+
+class QuarantineInfo(_Model):
+    """A quarantined entry: why, when, and the entry as it was stored (its signer and
+    provenance, if signed) when it was taken out of service. ``entry`` is None when the service
+    no longer held it (evicted, or never stored there): the key is quarantined all the same."""
+
+    namespace: Namespace
+    layer: Layer
+    key: EntryKey
+    reason: str = Field(max_length=512)
+    quarantined_at: datetime
+    reporter: str | None = Field(default=None, max_length=256, description="kcache/<version> of the reporting client")
+    entry: EntryInfo | None = None
 
 
 class EnvFingerprint(_Model):

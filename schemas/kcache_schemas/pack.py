@@ -125,6 +125,16 @@ def _check_content(name: str, data: bytes, has_sentinel: bool) -> object:
     return None
 
 
+def _names_kernel(name: object, stem: str) -> bool:
+    """Whether metadata ``name`` belongs to files named ``stem``: the same, or cut short.
+
+    Triton names a kernel's files after the first 150 characters of its name
+    (``file_name = src.name[:150]``, triton/compiler/compiler.py) while ``<file>.json`` keeps the
+    whole name; Inductor's fused kernels in training graphs are often longer. A prefix, not the
+    150 itself: a Triton that cuts elsewhere still names its files by a prefix of the name."""
+    return isinstance(name, str) and name.startswith(stem)
+
+
 def _check_kernel_dir(manifest: KernelManifest, meta: object, group: object) -> None:
     """The metadata and group files (parsed) name this kernel and its files, path-free."""
     if not isinstance(meta, dict):
@@ -141,8 +151,8 @@ def _check_kernel_dir(manifest: KernelManifest, meta: object, group: object) -> 
             f"pack is for kernel {derived_key} (from {manifest.metadata_file}), not {manifest.key}",
             ErrorCode.KEY_MISMATCH,
         )
-    if meta.get("name") != manifest.kernel_name:
-        raise PackError(f"{manifest.metadata_file}: 'name' is not {manifest.kernel_name!r}")
+    if not _names_kernel(meta.get("name"), manifest.kernel_name):
+        raise PackError(f"{manifest.metadata_file}: 'name' is neither {manifest.kernel_name!r} nor a longer name it starts")
     if _target_from_metadata(meta) != manifest.target:
         raise PackError("manifest target does not match the kernel metadata's target")
 

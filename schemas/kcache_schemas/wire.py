@@ -22,6 +22,9 @@ KERNELS_BATCH_GET = f"{KERNELS}:batch-get"
 ENTRIES = f"{API}/{{namespace}}/entries"
 ENTRY = f"{ENTRIES}/{{layer}}/{{key}}"
 ENTRY_INFO = f"{ENTRY}/info"
+# POST: report that torch could not load the entry (write scope); GET: the report; DELETE: lift it
+# (admin). A quarantined entry answers 404 ``quarantined`` to every node and refuses re-uploads.
+ENTRY_QUARANTINE = f"{ENTRY}/quarantine"
 WORKLOADS = f"{API}/{{namespace}}/workloads"
 WORKLOAD = f"{WORKLOADS}/{{name}}"
 RUNS = f"{API}/{{namespace}}/runs"

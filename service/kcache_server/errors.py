@@ -18,6 +18,7 @@ class ServiceError(Exception):
 
     code: ErrorCode = ErrorCode.INVALID_REQUEST
     headers: dict[str, str] | None = None
+    status: int | None = None  # where it differs from the code's (kcache_schemas.errors.STATUS)
 
     def __init__(self, message: str, detail: Any = None) -> None:
         super().__init__(message)
@@ -29,6 +30,22 @@ class NotFound(ServiceError):
 
     def __init__(self, what: str) -> None:
         super().__init__(f"{what} not found")
+
+
+class Quarantined(ServiceError):
+    """The entry was reported unloadable (:meth:`CacheStore.quarantine_entry`): a miss for
+    readers, with the reason in ``detail``."""
+
+    code = ErrorCode.QUARANTINED
+
+    def __init__(self, what: str, reason: str) -> None:
+        super().__init__(f"{what} is quarantined: {reason}", {"reason": reason})
+
+
+class QuarantinedUpload(Quarantined):
+    """An upload of a quarantined key: refused (409) until an admin lifts the quarantine."""
+
+    status = 409
 
 
 class Conflict(ServiceError):

@@ -34,7 +34,7 @@ def error_response(code: ErrorCode, message: str, detail: Any = None, *, status:
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ServiceError)
     async def _service(_: Request, exc: ServiceError) -> JSONResponse:
-        status = VALIDATION_STATUS if isinstance(exc, InvalidBody) else None
+        status = VALIDATION_STATUS if isinstance(exc, InvalidBody) else exc.status
         return error_response(exc.code, exc.message, exc.detail, status=status, headers=exc.headers)
 
     @app.exception_handler(ClientDisconnect)

@@ -1,7 +1,8 @@
 """The kinds of index record, spelled once: what the store, the domain modules and the metrics
 agree on. A record's kind is ``kernel``, ``entry/<layer>``, ``workload/<name>`` (one record per
 published run), ``run/<run id>`` (one per process report), ``run`` (one marker per run), ``pin``
-(one per pinned workload) or ``gc`` (the namespace's last GC report).
+(one per pinned workload), ``gc`` (the namespace's last GC report) or ``quarantine/<layer>``
+(one per entry reported unloadable: no blob, never evicted, outlives the entry it names).
 
 Kernels and entries are the *cache*: they hold blobs, count against a namespace's storage
 budget and are what the GC evicts."""
@@ -18,10 +19,15 @@ WORKLOAD = "workload"
 PIN = "pin"
 GC = "gc"
 ENTRY_PREFIX = "entry/"
+QUARANTINE_PREFIX = "quarantine/"
 
 
 def entry_kind(layer: str) -> str:
     return f"{ENTRY_PREFIX}{layer}"
+
+
+def quarantine_kind(layer: str) -> str:
+    return f"{QUARANTINE_PREFIX}{layer}"
 
 
 def is_cache_kind(kind: str) -> bool:
@@ -44,10 +50,11 @@ def workload_kind(name: str) -> str:
 
 
 def family(kind: str) -> str:
-    """``entry/fx-graph`` stays; ``run/<id>`` and ``workload/<name>`` collapse into their family
-    (bounded label sets for metrics, one line per family in usage)."""
-    head = kind.split("/", 1)[0]
-    return kind if head == "entry" else head
+    """``entry/fx-graph`` and ``quarantine/dynamo`` stay (layers are a fixed set); ``run/<id>``
+    and ``workload/<name>`` collapse into their family (bounded label sets for metrics, one line
+    per family in usage)."""
+    head = kind.split("/", 1)[0] + "/"
+    return kind if head in (ENTRY_PREFIX, QUARANTINE_PREFIX) else head[:-1]
 
 
 def collapse_usage(usage: dict[str, KindUsage]) -> dict[str, KindUsage]:

@@ -15,6 +15,9 @@
   the store's usage at scrape time, cached for a few seconds. Per-run and per-workload kinds
   (``run/<id>``, ``workload/<name>``) are summed into ``run`` and ``workload``
   (:func:`kcache_server.kinds.family`).
+* ``kcache_quarantined_total{layer}``: entries a client reported torch could not load, taken out
+  of service by this process (``POST .../quarantine`` that created the report); the ones in force
+  are ``kcache_storage_entries{kind="quarantine/<layer>"}``.
 * ``kcache_backend_errors_total{backend}``: every ``BackendUnavailable`` that reached the API's
   error handler (answered 503), or a failed usage scrape.
 * Retention: ``kcache_storage_budget_bytes{namespace,limit}`` (``soft``/``hard``, for namespaces
@@ -163,6 +166,7 @@ class Metrics:
         self.bytes_sent = Counter("kcache_bytes_sent", "Response body bytes sent, by layer (api: not a cache layer)", ["layer"], registry=r)
         self.backend_errors = Counter("kcache_backend_errors", "Storage backend failures (BackendUnavailable), by backend", ["backend"], registry=r)
         self.run_reports = Counter("kcache_run_reports", "Client run-stats reports received", registry=r)
+        self.quarantined = Counter("kcache_quarantined", "Entries reported unloadable and taken out of service, by layer", ["layer"], registry=r)
         self.gc_runs = Counter("kcache_gc_runs", "GC runs finished by this process, by trigger (schedule, pressure, api)", ["trigger"], registry=r)
         self.gc_duration = Histogram("kcache_gc_duration_seconds", "Duration of a GC run (one namespace, or the orphan sweep)", buckets=_GC_BUCKETS, registry=r)
         self.gc_evicted_bytes = Counter("kcache_gc_evicted_bytes", "Bytes the GC evicted, by namespace and reason (env, ttl, budget; orphan: blobs, namespace *)", ["namespace", "reason"], registry=r)
@@ -269,6 +273,8 @@ class MetricsMiddleware:
                     m.lookups.labels(KERNEL_LAYER, "miss").inc(missing)
         elif template == wire.RUN_STATS and method == "POST" and status in (200, 201):
             m.run_reports.inc()
+        elif template == wire.ENTRY_QUARANTINE and method == "POST" and status == 201:
+            m.quarantined.labels(layer).inc()
 
 
 def instrument(app: FastAPI, usage_ttl_s: float | None = None) -> Metrics:

@@ -40,6 +40,7 @@ from kcache_schemas import (
     KernelManifest,
     PackLimits,
     Producer,
+    QuarantineInfo,
     normalize_kernel_key,
 )
 from kcache_schemas.pack import pack_work_bytes, read_pack_file, verify_pack
@@ -47,8 +48,15 @@ from kcache_schemas.retention import Amount
 from kcache_schemas.units import format_bytes
 
 from kcache_server.budget import Hold, MemoryBudget
-from kcache_server.errors import Conflict, InsufficientStorage, KeyMismatch, NotFound
-from kcache_server.kinds import KERNEL, collapse_usage, entry_kind, is_cache_kind
+from kcache_server.errors import (
+    Conflict,
+    InsufficientStorage,
+    KeyMismatch,
+    NotFound,
+    Quarantined,
+    QuarantinedUpload,
+)
+from kcache_server.kinds import KERNEL, collapse_usage, entry_kind, is_cache_kind, quarantine_kind
 from kcache_server.retention import RetentionConfig
 from kcache_server.storage import BackendUnavailable, BlobNotFound, BlobStore, Index, IndexRecord
 from kcache_server.storage.base import KindUsage, blob_ref, new_token
@@ -535,12 +543,27 @@ class CacheStore:
             created_at=info.created_at.timestamp(),
         )
         replaceable = None if supersede is None else (lambda existing: supersede(EntryInfo.model_validate_json(existing.meta)))
+        self._refuse_quarantined(namespace, layer, key)
         result = self._commit(record, data, replaceable)
+        if result.created and self.index.get(namespace, quarantine_kind(layer), key) is not None:
+            # Quarantined while this upload committed: the report writes its marker before it
+            # drops the entry, so one of the two sees the other; this one takes its record back.
+            self._drop(record)
+            self._refuse_quarantined(namespace, layer, key)
         return EntryInfo.model_validate_json(result.meta), result.created
+
+    def _refuse_quarantined(self, namespace: str, layer: str, key: str) -> None:
+        marker = self.index.get(namespace, quarantine_kind(layer), key)
+        if marker is not None:
+            raise QuarantinedUpload(f"{layer} entry {key}", QuarantineInfo.model_validate_json(marker.meta).reason)
 
     def _entry_record(self, namespace: str, layer: str, key: str) -> IndexRecord:
         record = self.index.get(namespace, entry_kind(layer), key)
         if record is None:
+            # Only a miss pays for this lookup: a quarantined entry has no record any more.
+            marker = self.index.get(namespace, quarantine_kind(layer), key)
+            if marker is not None:
+                raise Quarantined(f"{layer} entry {key}", QuarantineInfo.model_validate_json(marker.meta).reason)
             raise NotFound(f"{layer} entry {key}")
         return record
 
@@ -558,6 +581,50 @@ class CacheStore:
         data = self._read_blob(record)
         self.access.record(namespace, record.kind, [key])
         return EntryInfo.model_validate_json(record.meta), data
+
+    # ---- quarantine: entries torch could not load --------------------------------------------
+
+    def quarantine_entry(
+        self, namespace: str, layer: str, key: str, reason: str, sha256: str | None = None, reporter: str | None = None,
+    ) -> tuple[QuarantineInfo, bool]:
+        """Take an entry a client could not load out of service for every node: a marker record
+        (kind ``quarantine/<layer>``) first, then the entry's record and blob are dropped, so
+        reads answer 404 ``quarantined`` and uploads of the key are refused until an admin
+        lifts it. ``sha256``: the stored bytes the client got; other content under the key (a
+        trusted upload replaced it, or the client's local copy was corrupt) is left alone
+        (Conflict). ``(the report in force, whether this call made it)``."""
+        kind = quarantine_kind(layer)
+        existing = self.index.get(namespace, kind, key)
+        if existing is not None:
+            return QuarantineInfo.model_validate_json(existing.meta), False
+        record = self.index.get(namespace, entry_kind(layer), key)
+        if record is not None and sha256 is not None and record.digest != sha256:
+            raise Conflict(f"{layer} entry {key} is not the content reported (stored sha256 {record.digest[:16]}...): left in service")
+        info = QuarantineInfo(
+            namespace=namespace, layer=layer, key=key, reason=reason, quarantined_at=datetime.now(timezone.utc),
+            reporter=reporter, entry=EntryInfo.model_validate_json(record.meta) if record is not None else None,
+        )
+        marker = IndexRecord(namespace=namespace, kind=kind, key=key, digest="", size=0, meta=info.model_dump_json())
+        stored = self.index.put_if_absent(marker)
+        if record is not None:
+            self._drop(record)  # record, then its reference, then its blob if nothing else uses it
+        log.warning("%s/%s/%s quarantined: %s", namespace, layer, key, reason)
+        return QuarantineInfo.model_validate_json(stored.meta), stored.created_at == marker.created_at
+
+    def quarantine_info(self, namespace: str, layer: str, key: str) -> QuarantineInfo:
+        marker = self.index.get(namespace, quarantine_kind(layer), key)
+        if marker is None:
+            raise NotFound(f"quarantine of {layer} entry {key}")
+        return QuarantineInfo.model_validate_json(marker.meta)
+
+    def lift_quarantine(self, namespace: str, layer: str, key: str) -> None:
+        """Let the key be uploaded again (the entry itself stays gone)."""
+        if not self.index.delete(namespace, quarantine_kind(layer), key):
+            raise NotFound(f"quarantine of {layer} entry {key}")
+
+    def quarantined_keys(self, namespace: str, layer: str, keys: list[str]) -> set[str]:
+        """Which of ``keys`` of ``layer`` are quarantined (one index call)."""
+        return set(self.index.get_many(namespace, quarantine_kind(layer), keys)) if keys else set()
 
     # ---- the whole store --------------------------------------------------------------------
 

@@ -55,6 +55,12 @@ def view(store: CacheStore, namespace: str, name: str, fingerprint: str | None =
         return WorkloadView(name=name, fingerprint=EnvFingerprint(), kernels=[], entries=[], runs=0, other_fingerprints=list(others.values()))
     kernels = sorted({k for m in mine for k in m.kernels})
     entries = sorted({(e.layer, e.key) for m in mine for e in m.entries})
+    # A quarantined entry is never prefetched: no node downloads what torch could not load.
+    by_layer: dict[str, list[str]] = {}
+    for layer, key in entries:
+        by_layer.setdefault(layer, []).append(key)
+    out = {(layer, key) for layer, keys in by_layer.items() for key in store.quarantined_keys(namespace, layer, keys)}
+    entries = [e for e in entries if e not in out]
     return WorkloadView(
         name=name, fingerprint=mine[0].fingerprint, kernels=kernels,
         entries=[EntryRef(layer=layer, key=key) for layer, key in entries], runs=len(mine),

@@ -2,6 +2,8 @@
 
 Bytes in, bytes out. The service never deserialises them (FX-graph entries carry pickles); in a
 namespace with registered producer keys it checks their signature (:mod:`kcache_server.signatures`).
+A client that hands torch an entry torch cannot load reports it (``.../quarantine``): the entry
+then answers 404 ``quarantined`` to every node and its key takes no upload until an admin lifts it.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Header, Request, Response
 from fastapi.concurrency import run_in_threadpool
-from kcache_schemas import EntryInfo, Producer, wire
+from kcache_schemas import EntryInfo, Producer, QuarantineInfo, QuarantineRequest, wire
 
 from kcache_server.deps import (
     CanAdmin,
@@ -78,4 +80,26 @@ def entry_info(namespace: Namespace, layer: Layer, key: EntryKey, store: StoreDe
 @router.delete(wire.ENTRY, status_code=204, summary="Remove an entry (admin)")
 def delete_entry(namespace: Namespace, layer: Layer, key: EntryKey, store: StoreDep, _: CanAdmin) -> Response:
     store.delete_entry(namespace, layer, key)
+    return Response(status_code=204)
+
+
+@router.post(wire.ENTRY_QUARANTINE, status_code=201, response_model=QuarantineInfo,
+             summary="Report an entry torch could not load: out of service for every node")
+def quarantine_entry(
+    body: QuarantineRequest, response: Response, namespace: Namespace, layer: Layer, key: EntryKey, store: StoreDep,
+    _: CanWrite, x_kcache_producer: Annotated[str | None, Header(max_length=256)] = None,
+) -> QuarantineInfo:
+    info, created = store.quarantine_entry(namespace, layer, key, body.reason, body.sha256, x_kcache_producer)
+    response.status_code = 201 if created else 200
+    return info
+
+
+@router.get(wire.ENTRY_QUARANTINE, response_model=QuarantineInfo, summary="Why an entry is quarantined")
+def quarantine_info(namespace: Namespace, layer: Layer, key: EntryKey, store: StoreDep, _: CanRead) -> QuarantineInfo:
+    return store.quarantine_info(namespace, layer, key)
+
+
+@router.delete(wire.ENTRY_QUARANTINE, status_code=204, summary="Lift a quarantine: the key takes uploads again (admin)")
+def lift_quarantine(namespace: Namespace, layer: Layer, key: EntryKey, store: StoreDep, _: CanAdmin) -> Response:
+    store.lift_quarantine(namespace, layer, key)
     return Response(status_code=204)

@@ -106,7 +106,7 @@ if ARGV[2] ~= '' and rec[1] ~= ARGV[2] then return 0 end
 redis.call('DEL', KEYS[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('HINCRBY', KEYS[3], 'entries', -1)
-redis.call('HINCRBY', KEYS[3], 'bytes', -tonumber(rec[2] or '0'))
+redis.call('HINCRBY', KEYS[3], 'bytes', 0 - tonumber(rec[2] or '0'))
 return 1
 """
 
@@ -139,7 +139,7 @@ for i = 3, #KEYS do
       redis.call('DEL', KEYS[i])
       redis.call('ZREM', KEYS[1], ARGV[j + 1])
       redis.call('HINCRBY', KEYS[2], 'entries', -1)
-      redis.call('HINCRBY', KEYS[2], 'bytes', -tonumber(rec[2] or '0'))
+      redis.call('HINCRBY', KEYS[2], 'bytes', 0 - tonumber(rec[2] or '0'))
       ok = 1
     end
   end
