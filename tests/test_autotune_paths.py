@@ -18,9 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_host_safety import Node
+
+from kcache_testkit.nodes import Node
 
 pytest.importorskip("torch")
+pytestmark = pytest.mark.torch
 pytest_plugins = ["live"]
 
 JOB = Path(__file__).with_name("autotune_job.py")

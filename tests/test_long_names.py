@@ -22,6 +22,7 @@ from kcache_schemas.pack import pack_kernel_dir, read_kernel_dir, read_pack
 
 from kcache_testkit.long_names import LONG_NAME, TRITON_FILE_NAME_MAX, compile_long_name
 
+pytestmark = pytest.mark.torch
 pytest_plugins = ["live"]
 SHORT = LONG_NAME[:TRITON_FILE_NAME_MAX]
 
