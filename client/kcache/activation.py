@@ -59,6 +59,13 @@ def activate(**overrides: Any) -> bool:
 
             if dynamo_cache.LAYER in selected_layers(config.layers):
                 dynamo_cache.install()
+        with guard("could not serve Inductor's C++ builds"):
+            from kcache import inductor_cpp
+            from kcache.jit_layer import LAYER as JIT_LAYER
+            from kcache.remote_cache import selected_layers
+
+            if JIT_LAYER in selected_layers(config.layers):
+                inductor_cpp.install()
         with guard("could not hook Inductor's FX-graph lookup"):
             from kcache import key_components
 
@@ -79,6 +86,10 @@ def deactivate() -> None:
         from kcache.remote_cache import uninstall_remote_caches
 
         uninstall_remote_caches()  # also forgets the layers a later-loading module would serve
+    if "kcache.inductor_cpp" in sys.modules:
+        from kcache import inductor_cpp
+
+        inductor_cpp.uninstall()
     patching.restore_all()
     if os.environ.get("TRITON_CACHE_MANAGER") == TRITON_MANAGER:
         del os.environ["TRITON_CACHE_MANAGER"]

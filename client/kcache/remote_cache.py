@@ -60,9 +60,10 @@ PREDICATES = {
     )
 }
 PATCHES = "remote-caches"
-# Every layer KCACHE_LAYERS may name: Inductor's remote caches above, and Dynamo's precompile
-# packages (kcache.dynamo_cache: torch has no remote-cache class for them).
-SELECTABLE = [*LAYERS, L.DYNAMO.value]
+# Every layer KCACHE_LAYERS may name: Inductor's remote caches above, Dynamo's precompile
+# packages (kcache.dynamo_cache: torch has no remote-cache class for them) and the native modules
+# of JIT builders (kcache.jit_layer).
+SELECTABLE = [*LAYERS, L.DYNAMO.value, L.JIT.value]
 _served: set[str] = set()  # layers installed now (a predicate module may load later)
 
 
