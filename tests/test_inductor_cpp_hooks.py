@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+pytest_plugins = ["live"]
+
 torch = pytest.importorskip("torch")
 import kcache  # noqa: E402
 from kcache import failopen  # noqa: E402
@@ -104,3 +106,31 @@ def test_a_module_already_there_is_neither_looked_up_nor_built(dead_url: str, tm
     assert builder.builds == 0
     rt = get_runtime()
     assert rt is not None and "jit" not in rt.stats.snapshot()
+
+
+def test_explain_names_the_flag_that_made_a_module_miss(live_service, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Two nodes build the same source, the second with another flag (in other dirs: paths are
+    not part of the key): ``kcache explain`` names the command line, not the paths."""
+    from kcache import fingerprint
+    from kcache.config import ClientConfig
+    from kcache.explain import explain_key
+    from kcache.http import KcacheClient
+
+    def build(node: str, flags: str) -> str:
+        root = tmp_path / node
+        root.mkdir()
+        (root / "cab.cpp").write_text("int f() { return 1; }\n")
+        assert kcache.install(url=live_service.url, workload="jit-explain")
+        codecache._worker_compile_cpp(str(root / "cab.lock"), (FakeBuilder(root / "cab.so", f"g++ {root / 'cab.cpp'} {flags} -shared -o {root / 'cab.so'}"),))
+        rt = get_runtime()
+        assert rt is not None
+        [missed] = [m for m in rt.stats.missed_records() if m.layer == "jit"]
+        kcache.uninstall()  # uploads, publishes the workload
+        return missed.key
+
+    build("a", "-O3 -march=native")
+    second = build("b", "-O2 -march=native")
+    client = KcacheClient(ClientConfig(url=live_service.url))
+    why = explain_key(client, "jit", second, workload="jit-explain", environment=fingerprint.current())
+    assert [c.name for c in why.changes] == ["step0.command"], why.render()
+    assert "-O3" in (why.changes[0].stored or "") and "-O2" in (why.changes[0].wanted or "")

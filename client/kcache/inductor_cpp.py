@@ -38,7 +38,6 @@ import contextlib
 import functools
 import hashlib
 import itertools
-import logging
 import os
 import shlex
 import sys
@@ -58,7 +57,6 @@ if TYPE_CHECKING:
     from kcache.jit_keys import BuildKey
     from kcache.runtime import Runtime
 
-log = logging.getLogger("kcache")
 PATCHES = "inductor-cpp"
 ADAPTER = "inductor-cpp"
 TARGET = "target"  # the one file of this adapter's entries: the module's shared object
@@ -136,7 +134,7 @@ def _install(codecache: ModuleType) -> None:
             patching.patch(PATCHES, cache_cls, "load_async", classmethod(_wrap_load_async(load_async.__func__)))
             patching.patch(PATCHES, codecache, "_precompile_header", _wrap_precompile_header(precompile, codecache))
         if isinstance(load_library, classmethod):
-            patching.patch(PATCHES, cache_cls, "_load_library", classmethod(_wrap_load_library(load_library.__func__, worker, codecache)))
+            patching.patch(PATCHES, cache_cls, "_load_library", classmethod(_wrap_load_library(load_library.__func__, worker)))
         else:
             warn_once("this torch's CppCodeCache has no _load_library classmethod; a module kcache wrote that does not load fails the compile")
         if _has(isa_cls, "check_build") and "check_build" in vars(isa_cls):
@@ -349,16 +347,20 @@ def _use_real_headers(chain: Sequence[Any]) -> None:
 # ---- a module kcache wrote that does not load ---------------------------------------------------
 
 
-def _wrap_load_library(original: Callable[..., Any], worker: Callable[..., Any], codecache: ModuleType) -> Callable[..., Any]:
+def _wrap_load_library(original: Callable[..., Any], worker: Callable[..., Any]) -> Callable[..., Any]:
     def _load_library(cls: type, path: str, key: str) -> Any:
         try:
-            return original(cls, path, key)
+            loaded = original(cls, path, key)
         except (ImportError, OSError) as exc:
             installed: _Installed | None = None
             with guard("could not take back a C++ module kcache wrote"):
                 installed = _take_back(cls, path, key, exc)
             if installed is None:
                 raise
+        else:
+            with _state_lock:
+                _installed.pop(path, None)  # it loaded: nothing to take back
+            return loaded
         # Compile it as Inductor would have, then load that (unguarded: torch's errors are torch's).
         _use_real_headers(_chain(installed.builders) or ())
         worker(installed.lock_path, installed.builders)
