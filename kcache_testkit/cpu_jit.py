@@ -1,5 +1,6 @@
-"""Running the CPU ``jit`` job (``cpu_jit_job.py``) on user-like nodes, with every compiler run
-recorded: what tests/test_jit_inductor_cpp.py asserts on and bench/cpu_jit.py times."""
+"""Running the ``jit`` layer's jobs (``cpu_jit_job.py``: a ``torch.compile`` on the CPU;
+``cpp_extension_job.py``: a ``load_inline`` extension) on user-like nodes, with every compiler run
+recorded: what tests/test_jit_*.py assert on and bench/cpu_jit.py times."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from kcache_testkit.compilers import CompilerShim, make_shim
 from kcache_testkit.nodes import Node
 
 JOB = Path(__file__).with_name("cpu_jit_job.py")
+EXTENSION_JOB = Path(__file__).with_name("cpp_extension_job.py")  # torch cpp_extension.load_inline
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -32,8 +34,8 @@ class JobRun:
         return dict(layers.get(name) or {})
 
 
-def run_job(node: Node, timeout: float = 600, **settings: str) -> JobRun:
-    """The job as a fresh interpreter on ``node`` with ``settings`` (``KCACHE_URL`` etc.), the
+def run_job(node: Node, timeout: float = 600, job: Path = JOB, **settings: str) -> JobRun:
+    """``job`` as a fresh interpreter on ``node`` with ``settings`` (``KCACHE_URL`` etc.), the
     compiler shim first on its ``PATH``, kcache stats written under the node."""
     run_dir = node.root / f"run-{len(list(node.root.glob('run-*')))}"
     run_dir.mkdir(parents=True)
@@ -44,7 +46,7 @@ def run_job(node: Node, timeout: float = 600, **settings: str) -> JobRun:
     if "KCACHE_URL" in settings:
         env["KCACHE_STATS_FILE"] = str(stats)
     env["PYTHONPATH"] = str(REPO)
-    proc = subprocess.run([sys.executable, str(JOB)], env=env, cwd=node.root, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run([sys.executable, str(job)], env=env, cwd=node.root, capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0 or "Traceback" in proc.stderr:
         raise AssertionError(f"job failed on {node.root} (rc {proc.returncode}):\n{proc.stderr[-4000:]}")
     line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))

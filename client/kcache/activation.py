@@ -6,6 +6,7 @@ import importlib.util
 import logging
 import os
 import sys
+from types import ModuleType
 from typing import Any
 
 from kcache import patching
@@ -66,6 +67,7 @@ def activate(**overrides: Any) -> bool:
 
             if JIT_LAYER in selected_layers(config.layers):
                 inductor_cpp.install()
+        _serve_torch_extensions(config)
         with guard("could not hook Inductor's FX-graph lookup"):
             from kcache import key_components
 
@@ -74,6 +76,28 @@ def activate(**overrides: Any) -> bool:
             from kcache.coordesc_reuse import install as install_coordesc_reuse
 
             install_coordesc_reuse(config.coordesc_reuse)
+    return True
+
+
+def _serve_torch_extensions(config: ClientConfig, module: ModuleType | None = None) -> None:
+    with guard("could not serve torch's extension JIT"):
+        from kcache import torch_extensions
+        from kcache.jit_layer import LAYER as JIT_LAYER
+        from kcache.remote_cache import selected_layers
+
+        if JIT_LAYER in selected_layers(config.layers):
+            torch_extensions.install(module)
+
+
+def activate_extensions(cpp_extension: ModuleType) -> bool:
+    """What a process that builds torch extensions but may never use Inductor needs (the
+    ``.pth`` calls it right after ``torch.utils.cpp_extension``'s code ran): the runtime and the
+    extension hooks, none of Inductor's modules imported."""
+    config = ClientConfig.from_env()
+    if not config.enabled:
+        return False
+    ensure_runtime(config)
+    _serve_torch_extensions(config, cpp_extension)
     return True
 
 
@@ -90,6 +114,10 @@ def deactivate() -> None:
         from kcache import inductor_cpp
 
         inductor_cpp.uninstall()
+    if "kcache.torch_extensions" in sys.modules:
+        from kcache import torch_extensions
+
+        torch_extensions.uninstall()
     patching.restore_all()
     if os.environ.get("TRITON_CACHE_MANAGER") == TRITON_MANAGER:
         del os.environ["TRITON_CACHE_MANAGER"]

@@ -200,8 +200,9 @@ def normalise_step(step: Step, names: PathNames, built: Mapping[str, str]) -> tu
 
 
 def build_key(adapter: str, steps: Sequence[Step], names: PathNames, environment: Mapping[str, str | None],
-              banner: Callable[[str], str] | None = None) -> BuildKey:
-    """The content key of a build of ``steps`` (in order; the last writes the artifact)."""
+              banner: Callable[[str], str] | None = None, compilers: Sequence[str] | None = None) -> BuildKey:
+    """The content key of a build of ``steps`` (in order; the last writes the artifact), run by
+    ``compilers`` (by default the first word of each step)."""
     parts: dict[str, tuple[str, str]] = {}
 
     def part(name: str, value: str, digest: str | None = None) -> None:
@@ -209,17 +210,17 @@ def build_key(adapter: str, steps: Sequence[Step], names: PathNames, environment
 
     part("adapter", adapter)
     built: dict[str, str] = {}
-    compilers: list[str] = []
+    found: list[str] = list(compilers or [])
     for i, step in enumerate(steps):
         command, inputs = normalise_step(step, names, built)
         part(f"step{i}.command", command)
         for j, digest in enumerate(inputs):
             part(f"step{i}.input{j}", digest, digest)
         built[os.path.normpath(step.target)] = _sha(json.dumps([command, inputs]))
-        first = shlex.split(step.command)[:1]
-        if first and first[0] not in compilers:
-            compilers.append(first[0])
-    for compiler in compilers:
+        first = shlex.split(step.command)[:1] if compilers is None else []
+        if first and first[0] not in found:
+            found.append(first[0])
+    for compiler in found:
         part(f"compiler[{os.path.basename(compiler)}]", compiler_identity(compiler, banner))
     for var in COMPILER_ENV:
         if os.environ.get(var):
