@@ -6,6 +6,7 @@ import importlib.util
 import logging
 import os
 import sys
+from types import ModuleType
 from typing import Any
 
 from kcache import patching
@@ -70,6 +71,13 @@ def _activate(config: ClientConfig, overrides: dict[str, Any]) -> bool:
 
             if dynamo_cache.LAYER in selected_layers(config.layers):
                 dynamo_cache.install()
+        with guard("could not serve Inductor's C++ builds"):
+            from kcache import inductor_cpp
+            from kcache.jit_layer import LAYER as JIT_LAYER
+
+            if JIT_LAYER in selected_layers(config.layers):
+                inductor_cpp.install()
+        _serve_torch_extensions(config)
         with guard("could not hook Inductor's FX-graph lookup"):
             from kcache import key_components
 
@@ -88,6 +96,27 @@ def _activate(config: ClientConfig, overrides: dict[str, Any]) -> bool:
     return True
 
 
+def _serve_torch_extensions(config: ClientConfig, module: ModuleType | None = None) -> None:
+    with guard("could not serve torch's extension JIT"):
+        from kcache import torch_extensions
+        from kcache.jit_layer import LAYER as JIT_LAYER
+
+        if JIT_LAYER in selected_layers(config.layers):
+            torch_extensions.install(module)
+
+
+def activate_extensions(cpp_extension: ModuleType) -> bool:
+    """What a process that builds torch extensions but may never use Inductor needs (the
+    ``.pth`` calls it right after ``torch.utils.cpp_extension``'s code ran): the runtime and the
+    extension hooks, none of Inductor's modules imported."""
+    config = ClientConfig.from_env()
+    if not config.enabled:
+        return False
+    ensure_runtime(config)
+    _serve_torch_extensions(config, cpp_extension)
+    return True
+
+
 def deactivate() -> None:
     if "kcache.dynamo_cache" in sys.modules:
         from kcache import dynamo_cache
@@ -97,6 +126,14 @@ def deactivate() -> None:
         from kcache.remote_cache import uninstall_remote_caches
 
         uninstall_remote_caches()  # also forgets the layers a later-loading module would serve
+    if "kcache.inductor_cpp" in sys.modules:
+        from kcache import inductor_cpp
+
+        inductor_cpp.uninstall()
+    if "kcache.torch_extensions" in sys.modules:
+        from kcache import torch_extensions
+
+        torch_extensions.uninstall()
     patching.restore_all()
     if os.environ.get("TRITON_CACHE_MANAGER") == TRITON_MANAGER:
         del os.environ["TRITON_CACHE_MANAGER"]

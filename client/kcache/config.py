@@ -38,7 +38,7 @@ _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 # Every layer KCACHE_LAYERS may name: Inductor's remote caches and Dynamo's precompile packages
 # (kcache.remote_cache serves them; tests/test_settings.py keeps the two lists equal).
-SELECTABLE_LAYERS = ("fx-graph", "autotune", "bundled-autotune", "aot-autograd", "dynamo-pgo", "dynamo")
+SELECTABLE_LAYERS = ("fx-graph", "autotune", "bundled-autotune", "aot-autograd", "dynamo-pgo", "dynamo", "jit")
 DEFAULT_LOCAL_MAX_BYTES = 10 << 30  # as sccache's default: a few max-autotune models fit
 T = TypeVar("T")
 

@@ -60,8 +60,9 @@ PREDICATES = {
     )
 }
 PATCHES = "remote-caches"
-# KCACHE_LAYERS names these layers and Dynamo's precompile packages (kcache.dynamo_cache: torch
-# has no remote-cache class for them): kcache.config.SELECTABLE_LAYERS, parsed there.
+# KCACHE_LAYERS names these layers, Dynamo's precompile packages (kcache.dynamo_cache: torch has
+# no remote-cache class for them) and JIT builders' native modules (kcache.jit_layer):
+# kcache.config.SELECTABLE_LAYERS, parsed there.
 _served: set[str] = set()  # layers installed now (a predicate module may load later)
 
 

@@ -219,10 +219,11 @@ class Runtime:
 
     # ---- opaque entries -------------------------------------------------------------------
 
-    def get_entry(self, layer: str, key: str) -> bytes | None:
+    def get_entry(self, layer: str, key: str, validate: Callable[[bytes], object] | None = None) -> bytes | None:
         """Local tier, then a promised prefetch, then the service. With signing configured, only
         what a trusted key signed gets through (see :mod:`kcache.signing`), before any caller
-        (Inductor's unpickler, Triton's module loader) sees a byte."""
+        (Inductor's unpickler, Triton's module loader) sees a byte. ``validate(payload)`` raising
+        ValueError refuses the entry the same way (counted as an error, not a hit)."""
         if (layer, key) in self.quarantined:
             self.stats.miss(layer, "quarantined")
             return None
@@ -238,6 +239,8 @@ class Runtime:
                     # changed: drop it, the service may hold a better one (or refuse it the same).
                     refused = opened
                     self.local.discard(layer, key)
+                elif self._invalid(layer, key, opened, validate):
+                    self.local.discard(layer, key)  # a damaged copy: the service's may be whole
                 else:
                     data = opened
             if data is None:
@@ -255,6 +258,8 @@ class Runtime:
                     self._refused(layer, opened)
                     return None
                 data = opened
+                if self._invalid(layer, key, data, validate):
+                    return None
                 # Off the compile thread (max-autotune FX entries run to hundreds of MB); not a
                 # daemon, so the interpreter lets the (atomic) write finish at exit.
                 threading.Thread(target=self.local.put, args=(layer, key, stored), name="kcache-local-put").start()
@@ -296,6 +301,18 @@ class Runtime:
             self.stats.error(layer, f"quarantine_{type(exc).__name__}")
         except Exception as exc:
             self._unexpected(layer, exc)
+
+    def _invalid(self, layer: str, key: str, data: bytes, validate: Callable[[bytes], object] | None) -> bool:
+        if validate is None:
+            return False
+        try:
+            validate(data)
+        except ValueError as exc:
+            warn_once(f"refused a {layer} entry: {exc}")
+            self.stats.error(layer, "invalid_entry")
+            self.stats.verify("refused", f"{layer}: {str(exc)[:160]}")
+            return True
+        return False
 
     def _open(self, layer: str, key: str, stored: bytes) -> bytes | SignatureError:
         """The payload of a stored entry, or why it must not be used."""

@@ -65,6 +65,9 @@ class CacheLayer(str, enum.Enum):
     DYNAMO_PGO = "dynamo-pgo"
     TRITON_MODULE = "triton-module"
     DYNAMO = "dynamo"  # Dynamo's precompile packages (torch._dynamo.config.caching_precompile)
+    # Native modules other JIT builders compile (Inductor's C++ kernels, ...): a container of
+    # files (kcache_schemas.jit) under a content key, one adapter per builder (kcache.jit_layer).
+    JIT = "jit"
     # The named parts of a key this layer's producer computed (kcache_schemas.explain): what
     # `kcache explain` diffs a missed key against. Never looked up by a compile.
     KEY_COMPONENTS = "key-components"

@@ -1,0 +1,88 @@
+"""The ``jit`` layer: native modules that JIT builders compile, served under content keys.
+
+One layer, one adapter per builder (``kcache.inductor_cpp``: Inductor's own C++ builds). An
+adapter computes the content key of a build (:mod:`kcache.jit_keys`), asks :func:`fetch` before
+the builder runs the compiler, writes what it gets where the builder looks with
+:func:`install_file`, and hands what the builder compiled to :func:`upload`.
+
+An entry goes through :meth:`Runtime.get_entry` like every entry (local tier, the workload's
+prefetch, the service; signed entries checked before a byte is used: the bytes are native code
+loaded into the process, like ``triton-module`` host modules), then through the container's own
+check (every file's size and sha256, :mod:`kcache_schemas.jit`), before anything is written. An
+entry that is refused, or that the builder then cannot load (:func:`refuse`), is a miss: counted as
+an error, warned about once, dropped from the local tier, and the builder compiles.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
+
+from kcache_schemas import jit as artifact
+from kcache_schemas import wire
+
+from kcache._process import in_inductor_compile_worker
+from kcache.failopen import warn_once
+
+if TYPE_CHECKING:
+    from kcache.jit_keys import BuildKey
+    from kcache.runtime import Runtime
+
+LAYER = wire.CacheLayer.JIT.value
+
+
+def fetch(rt: Runtime, key: str, adapter: str, accept: Callable[[Mapping[str, bytes]], None] | None = None) -> Mapping[str, bytes] | None:
+    """The files of ``key``'s entry, verified (a malformed or damaged one, or one ``accept``
+    raises ValueError for, is refused by :meth:`Runtime.get_entry`: an error, not a hit); None on
+    a miss or a refusal."""
+
+    def check(data: bytes) -> None:
+        found = artifact.decode(data)
+        if found.adapter != adapter:
+            raise artifact.JitArtifactError(f"an entry of another adapter than {adapter!r}")
+        if accept is not None:
+            accept(found.files)
+
+    data = rt.get_entry(LAYER, key, validate=check)
+    return artifact.decode(data).files if data is not None else None
+
+
+def refuse(rt: Runtime, key: str, why: str) -> None:
+    """An entry kcache must not use (malformed, or the builder could not load it): counted,
+    said once, and dropped from the local tier so the next process asks the service again."""
+    rt.stats.error(LAYER, "refused")
+    rt.stats.verify("refused", f"{LAYER}: {why[:200]}")
+    warn_once(f"refused a {LAYER} entry ({why}); the builder compiles it")
+    with contextlib.suppress(Exception):
+        rt.local.discard(LAYER, key)
+
+
+def missed(rt: Runtime, build: BuildKey) -> None:
+    """Counted for ``kcache explain``, with the key's parts stored beside it."""
+    from kcache_schemas.explain import from_parts
+
+    rt.record_miss(from_parts(LAYER, build.key, build.parts), now=in_inductor_compile_worker())
+
+
+def upload(rt: Runtime, key: str, adapter: str, files: Mapping[str, bytes], build_s: float | None) -> None:
+    rt.put_entry(LAYER, key, artifact.encode(adapter, files), build_s, now=in_inductor_compile_worker())
+
+
+def install_file(path: str, data: bytes, mode: int = 0o755) -> None:
+    """Write ``data`` at ``path`` whole or not at all (a temp file in the same dir, then
+    ``os.replace``): a process that finds the file finds it complete."""
+    directory = os.path.dirname(path) or "."
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.kcache-", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
