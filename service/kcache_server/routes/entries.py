@@ -23,7 +23,7 @@ from kcache_server.deps import (
     StoreDep,
     read_body,
 )
-from kcache_server.responses import bytes_response
+from kcache_server.responses import blob_response
 from kcache_server.signatures import admit_entry, registered_keys, supersedes
 
 router = APIRouter(tags=["entries"])
@@ -59,8 +59,8 @@ async def put_entry(
 
 @router.get(wire.ENTRY, summary="Fetch an entry's bytes", response_class=Response)
 def get_entry(namespace: Namespace, layer: Layer, key: EntryKey, store: StoreDep, _: CanRead) -> Response:
-    info, data = store.entry_bytes(namespace, layer, key)
-    return bytes_response(data, "application/octet-stream", _headers(info))
+    info, blob = store.open_entry(namespace, layer, key)
+    return blob_response(blob, "application/octet-stream", _headers(info))
 
 
 @router.head(wire.ENTRY, summary="Whether an entry exists")
