@@ -167,7 +167,7 @@ def _warm(args: argparse.Namespace) -> int:
         f"warmed {args.workload}: {counts['kernels']}/{len(view.kernels)} kernels ({counts['kernel_bytes'] / 1e6:.1f} MB) into {local.root}"
         f"{f' and {dest}' if dest else ''}, "
         f"{counts['entries']}/{len(view.entries)} entries ({counts['entry_bytes'] / 1e6:.1f} MB) into {local.root}, "
-        f"{counts['refused']} refused, in {time.perf_counter() - t0:.2f}s"
+        f"{counts['local']} already there, {counts['refused']} refused, in {time.perf_counter() - t0:.2f}s"
     )
     return 0 if counts["refused"] == 0 else 1
 
