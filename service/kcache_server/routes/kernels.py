@@ -45,7 +45,8 @@ def _entry_headers(entry: KernelEntry) -> dict[str, str]:
     }
 
 
-@router.put(wire.KERNEL, status_code=201, response_model=KernelEntry, summary="Upload a kernel pack")
+@router.put(wire.KERNEL, status_code=201, response_model=KernelEntry, summary="Upload a kernel pack",
+            responses={200: {"model": KernelEntry, "description": "Identical content was stored already: nothing changed"}})
 async def put_kernel(
     request: Request, response: Response, namespace: Namespace, key: KernelKey,
     store: StoreDep, settings: SettingsDep, _: CanWrite,
@@ -70,7 +71,8 @@ def get_kernel(namespace: Namespace, key: KernelKey, store: StoreDep, settings: 
     return blob_response(blob, MEDIA_TYPE, _entry_headers(entry))
 
 
-@router.head(wire.KERNEL, summary="Whether a kernel exists, and its pack size")
+@router.head(wire.KERNEL, summary="Whether a kernel exists, and its pack size", response_class=Response,
+             responses={200: {"content": {MEDIA_TYPE: {}}, "description": "Stored: the GET's headers (Content-Length: the pack's size), no body"}})
 def head_kernel(namespace: Namespace, key: KernelKey, store: StoreDep, _: CanRead) -> Response:
     entry = store.kernel_entry(namespace, key)
     headers = _entry_headers(entry) | {"Content-Length": str(entry.pack_size)}
