@@ -49,3 +49,16 @@ def real_kernels(dest: Path, count: int, arch: int = 90) -> list[Kernel]:
         manifest, pack = pack_kernel_dir(d)
         out.append(Kernel(d.name, d, read_kernel_dir(d), manifest, pack))
     return out
+
+
+def large_pack(kernel: Kernel, size: int, seed: int = 0) -> bytes:
+    """A valid, canonical pack of ``kernel`` whose ``.cubin`` is ``size`` random bytes, so the
+    pack is about ``size`` bytes too (random bytes do not compress): the shape of a large
+    autotuned pack, for memory and burst tests. The key stays valid (the ``.json`` is unchanged)."""
+    import random
+
+    from kcache_schemas.pack import build_pack, manifest_for_files
+
+    files = dict(kernel.files)
+    files[kernel.cubin] = random.Random(seed).randbytes(size)
+    return build_pack(manifest_for_files(kernel.key, files), files, level=1)

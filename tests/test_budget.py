@@ -64,3 +64,21 @@ def test_concurrent_takes_never_overshoot() -> None:
     for t in threads:
         t.join()
     assert sum(taken) <= 100 and budget.used == 0
+
+
+def test_a_declared_size_must_fit_beside_what_is_held_and_takes_nothing() -> None:
+    """Issue #31: a body's declared size is admitted against the bytes other requests hold now
+    and then taken as it arrives, so a client that declares much and sends little holds little."""
+    budget = MemoryBudget(10 * MIB)
+    with budget.hold() as trickler, budget.hold() as other:
+        trickler.admit(10 * MIB, "a request body")  # fits: nothing is held
+        trickler.take(1024, "a request body")  # what arrived
+        assert budget.used == 1024
+        other.admit(8 * MIB, "a request body")  # the trickler's declared 10 MiB are not held
+        other.take(8 * MIB, "a request body")
+        with pytest.raises(Overloaded, match=r"a request body needs 4\.0 MiB"):
+            trickler.admit(4 * MIB, "a request body")
+        assert budget.used == 8 * MIB + 1024 and trickler.taken == 1024
+    with budget.hold() as alone:
+        alone.admit(30 * MIB, "a request body")  # alone, it may always proceed
+    assert budget.used == 0

@@ -22,7 +22,10 @@ checked for its bytes, after the measurement.
 from __future__ import annotations
 
 import concurrent.futures
+import hashlib
+import io
 import sys
+import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,7 +33,7 @@ import httpx
 import pytest
 from kcache_schemas.pack import MEDIA_TYPE
 
-from kcache_testkit.kernels import Kernel
+from kcache_testkit.kernels import Kernel, large_pack
 
 pytest.register_assert_rewrite("api_helpers")
 
@@ -101,4 +104,85 @@ def test_amplifying_inputs_stay_under_the_memory_bound(server: ServerProcess, ke
         cubin = c.get(f"/v1/{NS}/kernels/{ok.key}/files/{ok.name}.cubin")
         assert cubin.status_code == 200 and cubin.content == bytes(48 << 20)
         assert c.get(f"/v1/{NS}/kernels/{ok.key}").content == within_cap  # stored byte for byte
+    assert "Traceback" not in server.stderr()
+
+
+# ---- a burst of readers (issue #31) ------------------------------------------------------------
+
+READERS = 16
+READ_BOUND_MIB = 100  # the issue's target for 16 readers of a 48 MiB pack
+
+
+def _digest_of(url: str, method: str, path: str, **kw: object) -> tuple[int, str]:
+    """Stream one response (the test process must not hold 16 copies either): status, sha256."""
+    h = hashlib.sha256()
+    with httpx.Client(base_url=url, timeout=300) as c, c.stream(method, path, **kw) as r:  # type: ignore[arg-type]
+        for chunk in r.iter_bytes(1 << 20):
+            h.update(chunk)
+    return r.status_code, h.hexdigest()
+
+
+def _batch_pack_digest(url: str, key: str) -> str:
+    with httpx.Client(base_url=url, timeout=300) as c, c.stream("POST", f"/v1/{NS}/kernels:batch-get", json={"keys": [key]}) as r:
+        assert r.status_code == 200
+        raw = io.BufferedReader(_Chunks(r.iter_bytes(1 << 20)), 1 << 20)  # type: ignore[arg-type]
+        with tarfile.open(fileobj=raw, mode="r|") as tf:
+            for member in tf:
+                if member.name == f"{key}.kpack":
+                    fh = tf.extractfile(member)
+                    assert fh is not None
+                    h = hashlib.sha256()
+                    while chunk := fh.read(1 << 20):
+                        h.update(chunk)
+                    return h.hexdigest()
+    raise AssertionError("the batch did not carry the pack")
+
+
+class _Chunks(io.RawIOBase):
+    def __init__(self, chunks: Iterator[bytes]) -> None:
+        self._chunks, self._buf = chunks, b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: bytearray | memoryview) -> int:  # type: ignore[override]
+        while not self._buf:
+            self._buf = next(self._chunks, b"")
+            if not self._buf:
+                return 0
+        n = min(len(b), len(self._buf))
+        b[:n], self._buf = self._buf[:n], self._buf[n:]
+        return n
+
+
+def test_concurrent_readers_of_a_large_pack_stay_under_the_bound(server: ServerProcess, kernels: list[Kernel]) -> None:
+    """16 concurrent GETs of one 48 MiB pack, then of a 48 MiB entry, then 4 batch-gets of the
+    pack: the server's peak RSS rises less than READ_BOUND_MIB. Before the blob store streamed
+    reads, each GET held the whole blob: 16 GETs of a 48 MiB pack took a worker from 61 MB to
+    862 MB (+801 MB; here +789 MiB)."""
+    k = kernels[3]
+    pack = large_pack(k, 48 << 20)
+    entry = bytes(reversed(pack))  # as large, other bytes
+    digests = {"pack": hashlib.sha256(pack).hexdigest(), "entry": hashlib.sha256(entry).hexdigest()}
+    assert server.proc is not None
+    pid, url = server.proc.pid, server.url
+    with httpx.Client(base_url=url, timeout=300) as c:
+        assert _put(c, k.key, pack).status_code == 201
+        assert c.put(f"/v1/{NS}/entries/fx-graph/big", content=entry).status_code == 201
+    del pack, entry
+    # warm up the read paths (one of each), then measure from there
+    assert _digest_of(url, "GET", f"/v1/{NS}/kernels/{k.key}") == (200, digests["pack"])
+    assert _batch_pack_digest(url, k.key) == digests["pack"]
+    Path(f"/proc/{pid}/clear_refs").write_text("5")  # VmHWM := VmRSS
+    baseline = _kib(pid, "VmRSS")
+
+    with concurrent.futures.ThreadPoolExecutor(READERS) as pool:
+        packs = list(pool.map(lambda _: _digest_of(url, "GET", f"/v1/{NS}/kernels/{k.key}"), range(READERS)))
+        entries = list(pool.map(lambda _: _digest_of(url, "GET", f"/v1/{NS}/entries/fx-graph/big"), range(READERS)))
+        batches = list(pool.map(lambda _: _batch_pack_digest(url, k.key), range(4)))
+    peak_mib = (_kib(pid, "VmHWM") - baseline) / 1024
+    assert packs == [(200, digests["pack"])] * READERS
+    assert entries == [(200, digests["entry"])] * READERS
+    assert batches == [digests["pack"]] * 4
+    assert peak_mib < READ_BOUND_MIB, f"server peak RSS rose {peak_mib:.1f} MiB with {READERS} readers (bound {READ_BOUND_MIB} MiB)"
     assert "Traceback" not in server.stderr()

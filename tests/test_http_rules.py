@@ -139,3 +139,38 @@ def test_openapi_path_patterns_are_the_validators_rules(client: httpx.Client, ke
             except (InvalidKeyError, ValueError):
                 valid = False
             assert bool(regex.fullmatch(s)) == valid, (name, s)
+
+
+def test_what_schemathesis_found_now_agrees_with_the_document(client: httpx.Client, ns: str, kernel: Kernel) -> None:
+    """Issue #31's drifts between the OpenAPI document and the service, one by one (the fuzzer,
+    tests/test_schemathesis.py, finds them at random; these are the cases it found)."""
+    from kcache_schemas import wire
+
+    spec = _spec(client)
+    ops = {(m.upper(), p): op for p, methods in spec["paths"].items() for m, op in methods.items()}
+    # HEAD answers the GET's content type, and the document says so (it said JSON).
+    assert list(ops[("HEAD", wire.ENTRY)]["responses"]["200"]["content"]) == ["application/octet-stream"]
+    assert list(ops[("HEAD", wire.KERNEL)]["responses"]["200"]["content"]) == ["application/vnd.kcache.pack.v1"]
+    # An identical re-upload (a repeated pin, manifest, report) answers 200: documented now.
+    for op in (("PUT", wire.KERNEL), ("PUT", wire.ENTRY), ("PUT", wire.PIN), ("PUT", wire.WORKLOAD), ("POST", wire.RUN_STATS)):
+        assert "200" in ops[op]["responses"], op
+    entry = f"/v1/{ns}/entries/fx-graph/again"
+    assert [client.put(entry, content=b"same").status_code for _ in range(2)] == [201, 200]
+    # ``true`` is no number of seconds (it was taken as 1 s).
+    refused = client.post(f"/v1/{ns}/gc", json={"older_than_s": True, "dry_run": True})
+    assert refused.status_code == 422 and "older_than_s" in refused.text
+    assert client.post(f"/v1/{ns}/gc", json={"older_than_s": 3600, "max_bytes": 5.0, "dry_run": True}).status_code == 200
+    # An optional header is absent or a number: never ``null`` (no header value means null).
+    header = next(p for p in ops[("PUT", wire.ENTRY)]["parameters"] if p["name"] == "x-kcache-compile-time")
+    assert header["schema"]["type"] == "number" and "anyOf" not in header["schema"]
+    # A run report's body is documented and required: an empty one is refused, as it was.
+    body = ops[("POST", wire.RUN_STATS)]["requestBody"]
+    assert body["required"] and body["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/RunStatsReport"}
+    assert client.post(f"/v1/{ns}/runs/r1/stats", content=b"").status_code == 422
+    # A GC's env selector has a documented form: "0" is neither form (400, as before), and an
+    # environment id no run has is a 404 (documented).
+    env = spec["components"]["schemas"]["GcRequest"]["properties"]["env"]["pattern"]
+    assert not re.search(env, "0") and re.search(env, "torch=2.13.0,arch=sm_90") and re.search(env, "0123456789abcdef")
+    assert client.post(f"/v1/{ns}/gc", json={"env": "0", "dry_run": True}).status_code == 400
+    assert client.post(f"/v1/{ns}/gc", json={"env": "0123456789abcdef", "dry_run": True}).status_code == 404
+    assert "404" in ops[("POST", wire.GC)]["responses"]

@@ -134,3 +134,44 @@ def test_the_budget_setting(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> 
     monkeypatch.setenv("KCACHE_LOCAL_MAX_BYTES", "lots")
     with pytest.raises(ConfigError, match="KCACHE_LOCAL_MAX_BYTES='lots': not a size"):
         ClientConfig.from_env()  # never silently the default (tests/test_settings.py: what install() and autoload do)
+
+
+HOLD_KEY_LOCK = """
+import sys, time
+from pathlib import Path
+from kcache.local_store import LocalEntryStore
+lock = LocalEntryStore(Path(sys.argv[1]), "ns", url=sys.argv[2]).lock("fx-graph", "pt2:k:c1", 0)
+print("HELD" if lock.held else "NOT HELD", flush=True)
+time.sleep(3600)
+"""
+
+
+def test_a_key_lock_has_one_holder_and_goes_with_a_holder_that_dies(tmp_path: Path) -> None:
+    """The node's per-key fetch lock (issue #31): another process holding it makes a waiter give
+    up after its wait (and go on without it: fail-open); SIGKILL of the holder frees it."""
+    store = LocalEntryStore(tmp_path, "ns", url=URL)
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_KEY_LOCK, str(tmp_path), URL], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "HELD"
+        waited = store.lock("fx-graph", "pt2:k:c1", 0.2)
+        assert not waited.held
+        waited.release()  # harmless: it holds nothing
+        with store.lock("fx-graph", "pt2:other:c1", 0) as other:  # other keys are not blocked
+            assert other.held
+    finally:
+        holder.kill()
+        holder.wait()
+    with store.lock("fx-graph", "pt2:k:c1", 60) as taken:  # the kernel released the dead holder's lock
+        assert taken.held
+    assert not any(p.is_file() for p in store.tier.rglob("*"))  # locks live outside the LRU tier
+
+
+def test_the_prefetch_claim_is_one_per_workload_and_environment(tmp_path: Path) -> None:
+    store = LocalEntryStore(tmp_path, "ns", url=URL)
+    with store.prefetch_claim("train", "fp1") as first:
+        assert first.held
+        assert not store.prefetch_claim("train", "fp1").held  # a second claimant (another descriptor)
+        with store.prefetch_claim("train", "fp2") as other_env, store.prefetch_claim("serve", "fp1") as other_name:
+            assert other_env.held and other_name.held
+    with store.prefetch_claim("train", "fp1") as again:
+        assert again.held

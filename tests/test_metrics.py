@@ -132,6 +132,7 @@ def test_backend_errors_are_counted_by_backend(app_client: TestClient, packs: li
         raise BackendUnavailable("file-blobs", "injected outage")
 
     monkeypatch.setattr(store.blobs, "get", down)
+    monkeypatch.setattr(store.blobs, "open", down)  # what a GET streams from
     for _ in range(2):
         r = c.get(f"/v1/be/kernels/{k1}")
         assert r.status_code == 503 and r.json()["error"]["code"] == "backend_unavailable"

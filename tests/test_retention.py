@@ -173,8 +173,8 @@ def test_environment_purge_by_id_by_fields_and_by_idle_policy(store: CacheStore,
     # Asking for torch too: kernels no run lists do not know their torch, so they stay.
     plan = collector.plan(NS, GcRequest(env="triton=3.9.0,torch=2.13.0", min_age_s=0), now=start + 1)
     assert {r.key for r, _ in plan.evictions} == {k[2], entries[1][0], new_run}
-    # ... and an id no run has is a clear error.
-    with pytest.raises(InvalidRequest, match="kcache ls --workloads"):
+    # ... and an id no run has is a clear error (404: the environment is not found).
+    with pytest.raises(NotFound, match="kcache ls --workloads"):
         collector.plan(NS, GcRequest(env="0123456789abcdef"))
     with pytest.raises(InvalidRequest, match="field=value"):
         collector.plan(NS, GcRequest(env="pytorch=2.9"))

@@ -288,7 +288,7 @@ def test_backend_outage_reaches_the_run_aggregate_as_errors(live_service, real_k
     def down(*_a: object) -> bytes:
         raise BackendUnavailable("file-blobs", "injected outage")
 
-    store.blobs.get = down
+    store.blobs.get = store.blobs.open = down
     env = client_env(tmp_path, KCACHE_URL=live_service.url, KCACHE_RUN_ID="outage-1", KCACHE_REPORT="1")
     out = subprocess.run([sys.executable, "-c", _DOWN_JOB, str(tmp_path / "triton"), key], env=env,
                          capture_output=True, text=True, timeout=60)

@@ -9,11 +9,12 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import random
 import threading
 import time
 
 import pytest
-from kcache_server.storage import BlobNotFound, BlobStore, Index, IndexRecord
+from kcache_server.storage import BackendUnavailable, BlobNotFound, BlobStore, Index, IndexRecord
 from kcache_server.storage.base import KindUsage
 
 
@@ -90,6 +91,61 @@ def test_blob_concurrent_writers_same_digest(blob_store: BlobStore) -> None:
 
 def test_blob_ping(blob_store: BlobStore) -> None:
     blob_store.ping()
+
+
+# ---- streamed reads (issue #31: N readers of a large blob hold a chunk each) ----------------------
+
+
+def test_blob_open_streams_the_bytes_in_bounded_chunks(blob_store: BlobStore) -> None:
+    data = random.Random(31).randbytes(3 * (1 << 20) + 12345)  # several chunks and a short tail
+    d = _digest(data)
+    blob_store.put(d, data)
+    with blob_store.open(d, chunk_size=64 << 10) as stream:
+        assert stream.size == len(data)
+        chunks = list(stream)
+    assert all(0 < len(c) <= 64 << 10 for c in chunks) and len(chunks) >= len(data) // (64 << 10)
+    assert b"".join(chunks) == data
+    with blob_store.open(d) as stream:  # the default chunk size, read whole
+        assert stream.read() == data
+
+
+def test_blob_open_missing_raises_not_found_at_once(blob_store: BlobStore) -> None:
+    with pytest.raises(BlobNotFound):
+        blob_store.open(_digest(b"never stored"))
+
+
+def test_blob_open_closed_early_releases_what_it_holds(blob_store: BlobStore) -> None:
+    """Readers that stop halfway (a client that went away) and close: many more of them than a
+    connection pool holds, and the store still answers."""
+    data = bytes(range(256)) * 4096  # 1 MiB
+    d = _digest(data)
+    blob_store.put(d, data)
+    for _ in range(40):
+        stream = blob_store.open(d, chunk_size=4096)
+        assert len(next(iter(stream))) <= 4096
+        stream.close()
+        stream.close()  # twice is harmless
+    assert blob_store.get(d) == data
+
+
+def test_blob_open_of_a_blob_deleted_meanwhile_never_yields_other_bytes(blob_store: BlobStore) -> None:
+    """A GC may delete a blob while a reader streams it: the reader gets the whole blob or a
+    BackendUnavailable (the file store: always the whole blob), never a short or other body
+    passed off as complete."""
+    data = random.Random(7).randbytes(2 << 20)
+    d = _digest(data)
+    blob_store.put(d, data)
+    stream = blob_store.open(d, chunk_size=64 << 10)
+    first = next(iter(stream))
+    blob_store.delete(d)
+    try:
+        rest = stream.read()
+    except BackendUnavailable:
+        assert blob_store.name != "file"
+    else:
+        assert first + rest == data
+    finally:
+        stream.close()
 
 
 # ---- index ------------------------------------------------------------------------------

@@ -3,7 +3,9 @@
 * Which process of a tree prefetches a workload: Inductor's compile workers, DataLoader workers
   and torchrun's ranks inherit the environment, so each would otherwise start its own prefetcher
   and download the same workload N times into the same dirs. The first process claims the job by
-  writing its pid into the environment; processes it starts leave prefetching to it.
+  writing its pid into the environment; processes it starts leave prefetching to it. Processes
+  of a node that do not descend from one another (SLURM ``srun``, a container per rank) are
+  kept to one download by the local tier's claim instead (:mod:`kcache.workload`).
 * Whether this is one of Inductor's compile workers, which Inductor terminates without running
   exit handlers: there, uploads must not wait in a background queue.
 """

@@ -240,7 +240,7 @@ def _warm(args: argparse.Namespace) -> int:
         f"warmed {args.workload}: {counts['kernels']}/{plural(len(view.kernels), 'kernel')} ({_size_text(counts['kernel_bytes'])}) into {local.root}"
         f"{f' and {dest}' if dest else ''}, "
         f"{counts['entries']}/{plural(len(view.entries), 'entry')} ({_size_text(counts['entry_bytes'])}) into {local.root}, "
-        f"{counts['refused']} refused, in {time.perf_counter() - t0:.2f}s"
+        f"{counts['local']} already there, {counts['refused']} refused, in {time.perf_counter() - t0:.2f}s"
     )
     return 0 if counts["refused"] == 0 else 1
 

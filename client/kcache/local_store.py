@@ -12,6 +12,12 @@ of the budget since it last looked scans the tier and evicts the oldest files do
 budget. Several processes of a node share the tier: writes are atomic renames, a reader that loses
 a file to another process's eviction sees a miss, and one process evicts at a time (a
 non-blocking ``flock``; correctness never depends on it, it only avoids duplicated scans).
+
+**One download per node.** Processes of a node that start independently share nothing but this
+tier, so it also holds their locks (:mod:`kcache.node_lock`), under ``<root>/locks/<service
+id>/<namespace>/`` (outside the LRU budget): a per-key lock that a process holds while it fetches
+an entry or pack the tier lacks (the others wait for it, bounded, then find it here), and a claim
+per workload that the process prefetching it holds (:meth:`LocalEntryStore.prefetch_claim`).
 """
 
 from __future__ import annotations
@@ -25,8 +31,14 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from kcache.node_lock import NodeLock
+
 ENTRIES_DIR = "entries"
+LOCKS_DIR = "locks"
 _LOCK_FILE = ".evict.lock"
+# A lock file this old has no holder left (a fetch is bounded by seconds): the eviction pass
+# removes it, so lock files do not pile up with every key ever fetched.
+_STALE_LOCK_S = 24 * 3600
 _LOW_WATER = 0.9  # evict down to this share of the budget, so the next writes do not evict again
 _RESCAN_SHARE = 0.1  # rescan after writing this share of the budget
 
@@ -41,14 +53,15 @@ class LocalEntryStore:
     def __init__(self, root: Path, namespace: str, *, url: str | None = None, max_bytes: int | None = None) -> None:
         self.tier = root / ENTRIES_DIR
         self.root = self.tier / service_id(url) / namespace
+        self.locks = root / LOCKS_DIR / service_id(url) / namespace
         self.max_bytes = max_bytes
         self._lock = threading.Lock()
         self._written_since_scan: int | None = None  # None: never scanned by this process
 
-    def _path(self, layer: str, key: str) -> Path:
+    def _path(self, layer: str, key: str, under: Path | None = None) -> Path:
         # Keys are hashed into the file name: they come from Inductor and may contain ':' etc.
         digest = hashlib.sha256(key.encode()).hexdigest()
-        return self.root / layer / digest[:2] / digest
+        return (under or self.root) / layer / digest[:2] / digest
 
     def get(self, layer: str, key: str) -> bytes | None:
         path = self._path(layer, key)
@@ -60,6 +73,21 @@ class LocalEntryStore:
             with contextlib.suppress(OSError):  # evicted meanwhile: the bytes we hold still serve
                 os.utime(path)  # used now: the last to be evicted
         return data
+
+    def has(self, layer: str, key: str) -> bool:
+        return self._path(layer, key).is_file()
+
+    def lock(self, layer: str, key: str, wait_s: float) -> NodeLock:
+        """This node's lock on fetching ``key``: held while a process downloads what the tier
+        lacks, waited for (up to ``wait_s``) by the others, who then look in the tier again."""
+        return NodeLock.acquire(self._path(layer, key, under=self.locks), wait_s)
+
+    def prefetch_claim(self, workload: str, fingerprint: str, wait_s: float = 0.0) -> NodeLock:
+        """The claim on prefetching ``workload`` (for this environment) into this tier: one
+        process of the node holds it while it prefetches; a process that finds it taken waits
+        for the tier to fill instead of downloading the workload again."""
+        name = hashlib.sha256(f"{workload}\0{fingerprint}".encode()).hexdigest()
+        return NodeLock.acquire(self.locks / "prefetch" / name, wait_s)
 
     def put(self, layer: str, key: str, data: bytes) -> None:
         path = self._path(layer, key)
@@ -88,9 +116,10 @@ class LocalEntryStore:
         already evicting, or nothing is over)."""
         if self.max_bytes is None:
             return 0
-        with _exclusive(self.tier / _LOCK_FILE) as locked:
-            if not locked:
+        with NodeLock.acquire(self.tier / _LOCK_FILE, 0) as lock:
+            if not lock.held:
                 return 0
+            _remove_stale_locks(self.tier.parent / LOCKS_DIR)
             files = sorted(_files(self.tier))
             total = sum(size for _mtime, size, _path in files)
             if total <= self.max_bytes:
@@ -131,26 +160,14 @@ def _files(tier: Path) -> Iterator[tuple[float, int, Path]]:
             yield st.st_mtime, st.st_size, path
 
 
-@contextlib.contextmanager
-def _exclusive(lock_path: Path) -> Iterator[bool]:
-    """A non-blocking exclusive flock: yields False when another process holds it."""
-    try:
-        import fcntl
-    except ImportError:  # no flock (Windows): evict anyway; unlinks of vanished files are harmless
-        yield True
-        return
-    try:
-        lock_path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError:
-        yield False
-        return
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            yield False
-            return
-        yield True
-    finally:
-        os.close(fd)
+def _remove_stale_locks(locks: Path) -> None:
+    """Lock files untouched for a day, of keys nobody fetches now (free: taken without waiting)."""
+    stale = time.time() - _STALE_LOCK_S
+    for dirpath, _dirs, names in os.walk(locks):
+        for name in names:
+            path = Path(dirpath) / name
+            with contextlib.suppress(OSError):
+                if path.stat().st_mtime < stale:
+                    with NodeLock.acquire(path, 0) as lock:
+                        if lock.held:
+                            path.unlink()

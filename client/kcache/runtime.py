@@ -30,6 +30,7 @@ from kcache.emitter import EmitOutcome, emit_files, emit_pack_manifest
 from kcache.errors import Conflict, InvalidPack, KcacheError, NotFound, Quarantined
 from kcache.failopen import warn_once
 from kcache.http import KcacheClient
+from kcache.node_lock import NodeLock
 from kcache.signing import EntrySigning, SigningUnavailable
 from kcache.stats import Stats
 from kcache.uploader import EntryUpload, KernelDirUpload, KernelUpload, Uploader
@@ -125,6 +126,33 @@ class Runtime:
             data = self.local.get(layer, key)
         return data
 
+    def _fetch_lock(self, layer: str, key: str) -> tuple[NodeLock | None, bytes | None]:
+        """Before going to the service for what the local tier lacks: this node's lock on the key
+        (one process of the node downloads it; the others wait for it, at most
+        ``KCACHE_PREFETCH_WAIT_S``), and the tier's copy if it arrived meanwhile.
+
+        No lock while the breaker is not closed: a service that failed recently is not worth
+        waiting for (callers behind a half-open probe never wait). A lock that had to be waited
+        for and brought nothing (the holder met a miss or an error) is let go at once: the
+        waiters then ask the service side by side, not one after another."""
+        client = self.client
+        if client is None or client.breaker.state != "closed":
+            return None, None
+        lock = self.local.lock(layer, key, self.config.prefetch_wait_s)
+        data = self.local.get(layer, key)
+        if lock.waited and data is None:
+            lock.release()
+            return None, None
+        return lock, data
+
+    def _keep_local(self, layer: str, key: str, data: bytes, lock: NodeLock | None) -> None:
+        """Write a fetched entry into the local tier, then let the node's waiters in."""
+        try:
+            self.local.put(layer, key, data)
+        finally:
+            if lock is not None:
+                lock.release()
+
     # ---- kernels --------------------------------------------------------------------------
 
     def note_kernel(self, key: str) -> None:
@@ -141,7 +169,15 @@ class Runtime:
         with self.stats.timed(KERNEL_LAYER):
             pack = self._local_or_prefetched(KERNEL_LAYER, key)
             if pack is None:
-                pack = self._remote(KERNEL_LAYER, lambda: client.get_pack(key))
+                lock, pack = self._fetch_lock(KERNEL_LAYER, key)
+                try:
+                    if pack is None:
+                        pack = self._remote(KERNEL_LAYER, lambda: client.get_pack(key))
+                        if pack is not None:  # for the node's other processes (verified when emitted)
+                            self.local.put(KERNEL_LAYER, key, pack)
+                finally:
+                    if lock is not None:
+                        lock.release()
             if pack is None:
                 return None
             try:
@@ -232,37 +268,46 @@ class Runtime:
             data: bytes | None = None
             compile_time: float | None = None
             stored = self._local_or_prefetched(layer, key)
-            if stored is not None:
-                opened = self._open(layer, key, stored)
-                if isinstance(opened, SignatureError):
-                    # A prefetched entry no trusted key signed, or one kept from before the keys
-                    # changed: drop it, the service may hold a better one (or refuse it the same).
-                    refused = opened
-                    self.local.discard(layer, key)
-                elif self._invalid(layer, key, opened, validate):
-                    self.local.discard(layer, key)  # a damaged copy: the service's may be whole
-                else:
+            lock: NodeLock | None = None
+            if stored is None and self.client is not None:
+                lock, stored = self._fetch_lock(layer, key)
+            try:
+                if stored is not None:
+                    opened = self._open(layer, key, stored)
+                    if isinstance(opened, SignatureError):
+                        # A prefetched entry no trusted key signed, or one kept from before the keys
+                        # changed: drop it, the service may hold a better one (or refuse it the same).
+                        refused = opened
+                        self.local.discard(layer, key)
+                    elif self._invalid(layer, key, opened, validate):
+                        self.local.discard(layer, key)  # a damaged copy: the service's may be whole
+                    else:
+                        data = opened
+                if data is None:
+                    client = self.client
+                    if client is None:
+                        self._refused(layer, refused)
+                        return None
+                    got = self._remote(layer, lambda: client.get_entry(layer, key))
+                    if got is None:
+                        self._refused(layer, refused)
+                        return None
+                    stored, compile_time = got
+                    opened = self._open(layer, key, stored)
+                    if isinstance(opened, SignatureError):
+                        self._refused(layer, opened)
+                        return None
                     data = opened
-            if data is None:
-                client = self.client
-                if client is None:
-                    self._refused(layer, refused)
-                    return None
-                got = self._remote(layer, lambda: client.get_entry(layer, key))
-                if got is None:
-                    self._refused(layer, refused)
-                    return None
-                stored, compile_time = got
-                opened = self._open(layer, key, stored)
-                if isinstance(opened, SignatureError):
-                    self._refused(layer, opened)
-                    return None
-                data = opened
-                if self._invalid(layer, key, data, validate):
-                    return None
-                # Off the compile thread (max-autotune FX entries run to hundreds of MB); not a
-                # daemon, so the interpreter lets the (atomic) write finish at exit.
-                threading.Thread(target=self.local.put, args=(layer, key, stored), name="kcache-local-put").start()
+                    if self._invalid(layer, key, data, validate):
+                        return None
+                    # Off the compile thread (max-autotune FX entries run to hundreds of MB); not
+                    # a daemon, so the interpreter lets the (atomic) write finish at exit. The
+                    # node's lock on the key goes with it: waiters look once the entry is there.
+                    keep, lock = lock, None
+                    threading.Thread(target=self._keep_local, args=(layer, key, stored, keep), name="kcache-local-put").start()
+            finally:
+                if lock is not None:
+                    lock.release()
         self.stats.hit(layer, len(data), compile_time or 0.0)
         with self._lock:
             self.used_entries.add((layer, key))

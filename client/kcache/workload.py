@@ -6,6 +6,14 @@ kernel packs and entries are pulled in bulk into kcache's local tier. The compil
 for an entry or kernel it needs that the manifest promises and that has not arrived yet (bounded
 by ``KCACHE_PREFETCH_WAIT_S``); anything else goes straight to the network.
 
+**Once per node.** The processes of a node share the local tier, however they were started: the
+first to start prefetches the workload under the tier's claim (:meth:`LocalEntryStore.
+prefetch_claim`, a ``flock`` the kernel releases if the process dies); the others fetch only the
+small manifest and wait for the tier to fill, their compile path reading each entry as it lands.
+When the claim frees (the prefetch ended, or its process died halfway), the next process takes
+it and pulls what is still missing: a prefetch skips whatever the tier already holds, so a killed
+prefetcher costs the node one retry of what it had in flight, never a second download of the rest.
+
 Kernels are *not* written into a Triton cache dir here: which dir is right (``TRITON_CACHE_DIR``,
 Inductor's per-device ``<cache>/triton/<device>``, Triton's ``~/.triton/cache``) is known only to
 the code that asks for the kernel, and learning Inductor's from this thread would mean calling
@@ -35,6 +43,10 @@ from kcache.local_store import LocalEntryStore
 
 log = logging.getLogger("kcache.workload")
 KERNEL_LAYER = wire.CacheLayer.KERNEL.value
+# A process that follows another's prefetch looks for a promised entry in the tier this often,
+# and tries the claim again after this long (it frees when the prefetch ends or its process dies).
+_TIER_POLL_S = 0.02
+_FOLLOW_POLL_S = 1.0
 
 
 def fetch_view(client: KcacheClient, name: str) -> WorkloadView | None:
@@ -57,12 +69,28 @@ def pull_workload(
     client: KcacheClient, view: WorkloadView, local: LocalEntryStore, dest: Path | None = None,
     *, check_target: bool = True, on_entry: Callable[[str, str], None] | None = None,
 ) -> dict[str, int]:
-    """Download a workload's kernel packs and entries into ``local`` (and, with ``dest``, emit
-    the kernels into that Triton cache dir too); returns counts. ``on_entry(layer, key)`` is
-    called as each arrives or fails (kernels as layer ``kernel``)."""
-    counts = {"kernels": 0, "kernel_bytes": 0, "entries": 0, "entry_bytes": 0, "refused": 0}
+    """Download a workload's kernel packs and entries that ``local`` lacks into it (and, with
+    ``dest``, emit every kernel into that Triton cache dir too); returns counts (``local``: those
+    the tier already held, e.g. from another process of the node). ``on_entry(layer, key)`` is
+    called as each arrives, fails or is found local (kernels as layer ``kernel``)."""
+    counts = {"kernels": 0, "kernel_bytes": 0, "entries": 0, "entry_bytes": 0, "refused": 0, "local": 0}
+    wanted: list[str] = []
+    for key in view.kernels:
+        if not local.has(KERNEL_LAYER, key):
+            wanted.append(key)
+            continue
+        counts["local"] += 1
+        try:
+            if dest is not None and (pack := local.get(KERNEL_LAYER, key)) is not None:
+                emit_pack(dest, pack, expected_key=key, check_target=check_target)
+        except (PackError, OSError) as exc:
+            counts["refused"] += 1
+            log.warning("kcache: prefetch refused kernel %s: %s", key, exc)
+        finally:
+            if on_entry is not None:
+                on_entry(KERNEL_LAYER, key)
     try:
-        for key, pack in client.batch_get(view.kernels):
+        for key, pack in client.batch_get(wanted):
             try:
                 if dest is not None:
                     emit_pack(dest, pack, expected_key=key, check_target=check_target)
@@ -94,7 +122,14 @@ def pull_workload(
             if on_entry is not None:
                 on_entry(layer, key)
 
-    refs = [(e.layer, e.key) for e in view.entries]
+    refs = []
+    for e in view.entries:
+        if local.has(e.layer, e.key):
+            counts["local"] += 1
+            if on_entry is not None:
+                on_entry(e.layer, e.key)
+        else:
+            refs.append((e.layer, e.key))
     try:
         with ThreadPoolExecutor(max_workers=8, thread_name_prefix=KCACHE_THREAD_PREFIX + "prefetch") as pool:
             list(pool.map(fetch, refs))
@@ -114,7 +149,11 @@ def _shutting_down() -> bool:
 
 
 class Prefetcher:
-    """Runs ``pull_workload`` in the background and lets the compile path wait for one entry."""
+    """Runs ``pull_workload`` in the background and lets the compile path wait for one entry.
+
+    Under the node's claim on the workload: a process that finds it taken (``following``) waits
+    for the claim instead of downloading, and its compile path finds promised entries in the tier
+    as the claim's holder writes them."""
 
     def __init__(self, client: KcacheClient, name: str, local: LocalEntryStore, wait_s: float = 30.0) -> None:
         self.name = name
@@ -127,6 +166,7 @@ class Prefetcher:
         self.seconds = 0.0
         self._pending: dict[tuple[str, str], threading.Event] = {}
         self._wait_s = wait_s
+        self.following = False  # another process of the node holds the claim (or held it first)
         self._thread = threading.Thread(target=self._run, name="kcache-prefetch", daemon=True)
         packages()  # here, not on the prefetch thread: it may import (see kcache.fingerprint)
 
@@ -141,13 +181,23 @@ class Prefetcher:
             if view is not None and view.runs == 0 and view.other_fingerprints:
                 me = current()
                 self.miss_hint = "environment differs from workload's earlier runs: " + "; ".join(me.diff(fp) for fp in view.other_fingerprints)
+            claim = None
             if view is not None and view.runs:
                 promised = [(KERNEL_LAYER, k) for k in view.kernels] + [(e.layer, e.key) for e in view.entries]
                 self._pending = {ref: threading.Event() for ref in promised}
+                claim = self._local.prefetch_claim(self.name, current().id)
+                self.following = not claim.held
             self.view = view
             self.manifest_ready.set()
-            if view is not None and view.runs:
-                self.counts = pull_workload(self._client, view, self._local, on_entry=self._arrived)
+            if view is not None and claim is not None:
+                while not claim.held:
+                    # Another process of the node prefetches this workload into the tier: wait
+                    # for it to finish or die, then pull what is still missing (nothing, mostly).
+                    claim = self._local.prefetch_claim(self.name, current().id, wait_s=_FOLLOW_POLL_S)
+                try:
+                    self.counts = pull_workload(self._client, view, self._local, on_entry=self._arrived)
+                finally:
+                    claim.release()
         except Exception as exc:
             if not (sys.is_finalizing() or _shutting_down()):
                 log.warning("kcache: workload prefetch failed: %s", exc)
@@ -164,8 +214,19 @@ class Prefetcher:
             event.set()
 
     def wait_for(self, layer: str, key: str) -> bool:
-        """True if the entry is promised by the manifest and has now arrived (or failed)."""
+        """True if the entry is promised by the manifest and has now arrived (or failed), here
+        or, while another process of the node prefetches, in the local tier."""
         if not self.manifest_ready.wait(self._wait_s):
             return False
         event = self._pending.get((layer, key))
-        return event is not None and event.wait(self._wait_s)
+        if event is None:
+            return False
+        if not self.following:
+            return event.wait(self._wait_s)
+        deadline = time.monotonic() + self._wait_s
+        while not event.wait(min(_TIER_POLL_S, max(0.0, deadline - time.monotonic()))):
+            if self._local.has(layer, key):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+        return True

@@ -8,9 +8,15 @@ from datetime import datetime
 from enum import Enum
 from typing import Annotated, Final, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema, model_validator
 
 from kcache_schemas.keys import (
+    ENTRY_KEY_PATTERN,
+    KERNEL_KEY_PATTERN,
+    LAYER_PATTERN,
+    NAMESPACE_PATTERN,
+    RUN_ID_PATTERN,
+    WORKLOAD_NAME_PATTERN,
     normalize_entry_key,
     normalize_kernel_key,
     validate_layer,
@@ -48,14 +54,21 @@ def _sha256_hex(value: str) -> str:
     return value
 
 
-KernelKey = Annotated[str, AfterValidator(normalize_kernel_key)]
-Namespace = Annotated[str, AfterValidator(validate_namespace)]
-Layer = Annotated[str, AfterValidator(validate_layer)]
-EntryKey = Annotated[str, AfterValidator(normalize_entry_key)]
-FileName = Annotated[str, AfterValidator(validate_filename)]
-Sha256 = Annotated[str, AfterValidator(_sha256_hex)]
-WorkloadName = Annotated[str, AfterValidator(validate_workload_name)]
-RunId = Annotated[str, AfterValidator(validate_run_id)]
+def _pattern(pattern: str) -> WithJsonSchema:
+    """The JSON schema of a string its validator checks: the validator's rule as a pattern, so
+    that a client generating bodies from the OpenAPI document meets no surprise (validation
+    stays the validator's, with its messages)."""
+    return WithJsonSchema({"type": "string", "pattern": pattern})
+
+
+KernelKey = Annotated[str, AfterValidator(normalize_kernel_key), _pattern(KERNEL_KEY_PATTERN)]
+Namespace = Annotated[str, AfterValidator(validate_namespace), _pattern(NAMESPACE_PATTERN)]
+Layer = Annotated[str, AfterValidator(validate_layer), _pattern(LAYER_PATTERN)]
+EntryKey = Annotated[str, AfterValidator(normalize_entry_key), _pattern(ENTRY_KEY_PATTERN)]
+FileName = Annotated[str, AfterValidator(validate_filename), _pattern(FILENAME_PATTERN)]
+Sha256 = Annotated[str, AfterValidator(_sha256_hex), _pattern(_SHA256_RE.pattern)]
+WorkloadName = Annotated[str, AfterValidator(validate_workload_name), _pattern(WORKLOAD_NAME_PATTERN)]
+RunId = Annotated[str, AfterValidator(validate_run_id), _pattern(RUN_ID_PATTERN)]
 
 
 class DeviceType(str, Enum):

@@ -8,9 +8,11 @@ and entries (see docs/storage.md, "Retention"); these models are what ``GET/POST
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from kcache_schemas.models import WorkloadName
 
@@ -37,13 +39,39 @@ class RetentionPolicy(_Model):
     env_idle_s: float | None = Field(default=None, description="purge an environment nobody used for this long")
 
 
-class GcRequest(_Model):
-    """A GC run: the namespace's policy, with any of these overriding it."""
+# The environment fields a GC's ``env`` selector may name (``arch`` is ``gpu_arch``), and the
+# selector's form: an environment id, or field=value pairs (field names in any case).
+ENV_FIELDS = ("torch", "triton", "cuda", "hip", "gpu_arch")
 
-    max_bytes: int | None = Field(default=None, ge=0, description="evict least recently used until at most this many bytes")
+
+def _any_case(word: str) -> str:
+    return "".join(f"[{c}{c.upper()}]" if c.isalpha() else re.escape(c) for c in word)
+
+
+_ENV_PAIR = rf"\s*(?:{'|'.join(_any_case(n) for n in (*ENV_FIELDS, 'arch'))})\s*=[^,]*[^,\s][^,]*"
+ENV_SELECTOR_PATTERN = rf"^\s*(?:[0-9a-f]{{16}}|{_ENV_PAIR}(?:,{_ENV_PAIR})*)\s*$"
+
+
+def _whole_number(value: object) -> object:
+    """JSON Schema's integers include ``3.0``; strict validation would refuse it."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+_ByteCount = Annotated[int, Field(ge=0), BeforeValidator(_whole_number)]
+
+
+class GcRequest(_Model):
+    """A GC run: the namespace's policy, with any of these overriding it. Strict: ``true`` is
+    not a number of seconds here (it read as 1 s)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    max_bytes: _ByteCount | None = Field(default=None, description="evict least recently used until at most this many bytes")
     min_age_s: float | None = Field(default=None, ge=0, description="0 allows evicting items used just now")
     older_than_s: float | None = Field(default=None, gt=0, description="with env: only what is idle this long; alone: a TTL")
-    env: str | None = Field(default=None, min_length=1, max_length=256,
+    # The pattern is documentation: the service parses the selector itself, to answer a bad one
+    # with what the form is (400), and an id no run in the namespace has with 404.
+    env: str | None = Field(default=None, min_length=1, max_length=256, json_schema_extra={"pattern": ENV_SELECTOR_PATTERN},
                             description="an environment id (kcache ls --workloads) or torch=..,triton=..,cuda=..,hip=..,gpu_arch=..")
     orphans: bool = Field(default=False, description="also delete blobs no record references")
     dry_run: bool = False

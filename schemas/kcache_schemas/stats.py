@@ -17,7 +17,7 @@ import re
 from collections.abc import Iterable
 from typing import Annotated, Any, Final, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema
 
 from kcache_schemas.explain import MAX_MISS_RECORDS, MissRecord, merge_misses
 from kcache_schemas.models import EnvFingerprint, RunId, WorkloadName
@@ -30,7 +30,7 @@ _MAX_REASONS = 64
 
 def _stat_names(value: dict[str, Any]) -> dict[str, Any]:
     for name in value:
-        if not _STAT_NAME_RE.match(name):
+        if not _STAT_NAME_RE.fullmatch(name):
             raise ValueError(f"stat name {name[:80]!r} must be 1-64 chars of [a-z0-9_./-]")
     return value
 
@@ -42,7 +42,12 @@ def _reason_names(value: dict[str, int]) -> dict[str, int]:
     return value
 
 
-Reasons = Annotated[dict[str, Annotated[int, Field(ge=0)]], Field(max_length=_MAX_REASONS), AfterValidator(_reason_names)]
+# The names' rules for documents (validation stays the functions above, with their messages).
+# The pattern sits under allOf: a key pattern at the top would turn into patternProperties, which
+# leave keys that do not match it unconstrained instead of refused.
+_StatName = Annotated[str, WithJsonSchema({"type": "string", "allOf": [{"pattern": _STAT_NAME_RE.pattern}]})]
+_ReasonName = Annotated[str, WithJsonSchema({"type": "string", "minLength": 1, "maxLength": 128})]
+Reasons = Annotated[dict[_ReasonName, Annotated[int, Field(ge=0)]], Field(max_length=_MAX_REASONS), AfterValidator(_reason_names)]
 
 
 class _Lenient(BaseModel):
@@ -108,7 +113,7 @@ def _cap_reasons(reasons: dict[str, int], limit: int = _MAX_REASONS) -> dict[str
     return kept
 
 
-Layers = Annotated[dict[str, LayerCounts], Field(max_length=64), AfterValidator(_stat_names)]
+Layers = Annotated[dict[_StatName, LayerCounts], Field(max_length=64), AfterValidator(_stat_names)]
 
 
 def total(layers: Iterable[LayerCounts]) -> LayerCounts:
@@ -132,12 +137,12 @@ def sum_layer_counts(many: Iterable[dict[str, LayerCounts]]) -> dict[str, LayerC
 
 _MAX_PHASES = 64
 Phases = Annotated[
-    dict[str, Annotated[float, Field(ge=0)]], Field(max_length=_MAX_PHASES), AfterValidator(_reason_names)
+    dict[_ReasonName, Annotated[float, Field(ge=0)]], Field(max_length=_MAX_PHASES), AfterValidator(_reason_names)
 ]
 # kind -> reason -> count: "fetched_unused" (an entry or kernel brought into the process that no
 # compile asked for), "emitted_then_compiled" (a kernel kcache wrote that Triton compiled anyway),
 # "refused" (an entry or kernel kcache would not hand over: signature, target, bad pack).
-Verification = Annotated[dict[str, Reasons], Field(max_length=16), AfterValidator(_stat_names)]
+Verification = Annotated[dict[_StatName, Reasons], Field(max_length=16), AfterValidator(_stat_names)]
 
 # Torch's own phase timers (``dynamo_timed`` names, which differ between torch versions) grouped
 # for people; the first matching rule wins. The timers nest (Dynamo's compile contains

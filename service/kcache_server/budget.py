@@ -1,16 +1,24 @@
 """The memory budget of one replica (one worker process) for heavy requests.
 
 A request that can hold a lot of memory takes its bytes from the budget before it holds them:
-request bodies as they are received (from ``Content-Length`` up front when the client declares
-it), and the decompression working set of a pack it verifies or opens
-(:func:`kcache_schemas.pack.pack_work_bytes`, plus the file a file view returns). When the
-budget cannot give them, the request is refused with :class:`~kcache_server.errors.Overloaded`
+request bodies as their bytes arrive, and the decompression working set of a pack it verifies
+or opens (:func:`kcache_schemas.pack.pack_work_bytes`, plus the file a file view returns). When
+the budget cannot give them, the request is refused with :class:`~kcache_server.errors.Overloaded`
 (503 with ``Retry-After``) instead of pushing the replica towards its memory limit; everything a
 request took goes back when it ends. A request alone may always proceed, whatever it needs
 (its own size limits bound it), so a budget smaller than one request never locks that request out.
 
-Ordinary reads (a pack or an entry served as stored) are not counted: they hold the stored
-bytes once, which their size limits bound, and counting them would put a lock on the hot path.
+A body's declared ``Content-Length`` is *not* taken up front: it only has to fit beside what
+other requests hold at that moment (:meth:`Hold.admit`, so an upload that cannot fit is refused
+before its body is sent). Taking it up front let a few connections that declare large bodies and
+then trickle a byte every few seconds hold the whole budget for nothing until their body
+deadline, and every upload and file view on the replica answered 503 meanwhile (issue #31). Now
+a slow client holds what it sent, and for no longer than the body deadlines
+(:mod:`kcache_server.bodies`) allow.
+
+Ordinary reads (a pack or an entry served as stored) are not counted: they are streamed from
+the blob store a chunk at a time (:mod:`kcache_server.responses`), and counting them would put a
+lock on the hot path.
 """
 
 from __future__ import annotations
@@ -54,7 +62,7 @@ class MemoryBudget:
                 self._used -= share.taken
                 self._holders -= 1
 
-    def _take(self, share: Hold, n: int, what: str) -> None:
+    def _take(self, share: Hold, n: int, what: str, *, keep: bool = True) -> None:
         with self._lock:
             alone = self._used == share.taken
             if self.capacity and self._used + n > self.capacity and not alone:
@@ -63,8 +71,9 @@ class MemoryBudget:
                     f"{self._used / _MIB:.1f} of {self.capacity / _MIB:.0f} MiB are held by "
                     f"{self._holders - 1} other request(s); retry shortly"
                 )
-            self._used += n
-            share.taken += n
+            if keep:
+                self._used += n
+                share.taken += n
 
 
 class Hold:
@@ -78,3 +87,9 @@ class Hold:
         """Take ``n`` more bytes, or raise :class:`Overloaded` and take none."""
         if n > 0:
             self._budget._take(self, n, what)
+
+    def admit(self, n: int, what: str) -> None:
+        """Raise :class:`Overloaded` unless ``n`` more bytes fit beside what is held now; takes
+        nothing (a declared body size: its bytes are taken as they arrive)."""
+        if n > 0:
+            self._budget._take(self, n, what, keep=False)

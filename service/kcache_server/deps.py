@@ -86,25 +86,22 @@ CanAdmin = Annotated[Principal, Depends(_scope_checker("admin"))]
 async def read_body(request: Request, limit: int, share: Hold) -> bytes:
     """Read the request body, refusing (413) past ``limit`` bytes without buffering the excess.
 
-    The bytes are taken from the replica's memory budget (``share``) before they are held:
-    all at once when ``Content-Length`` declares them, else as they arrive. Deadlines for the
-    body are :mod:`kcache_server.bodies`'s.
+    Each chunk is taken from the replica's memory budget (``share``) as it arrives, never the
+    declared ``Content-Length`` ahead of its bytes (see :mod:`kcache_server.budget`); a declared
+    size that does not fit beside what other requests hold now is refused (503) before any of
+    the body is read. Deadlines for the body are :mod:`kcache_server.bodies`'s.
     """
     declared = request.headers.get("content-length")
-    taken = 0
     if declared is not None and declared.isdigit():
         if int(declared) > limit:
             raise TooLarge(f"body of {declared} bytes exceeds the limit of {limit}")
-        taken = int(declared)
-        share.take(taken, "a request body")
+        share.admit(int(declared), "a request body")
     # BytesIO hands its buffer over without a copy (getvalue on an unshared buffer): a joined
     # list of chunks held the body twice at the end.
     buf = io.BytesIO()
     async for chunk in request.stream():
         if buf.tell() + len(chunk) > limit:
             raise TooLarge(f"body exceeds the limit of {limit} bytes")
-        if buf.tell() + len(chunk) > taken:
-            share.take(buf.tell() + len(chunk) - taken, "a request body")
-            taken = buf.tell() + len(chunk)
+        share.take(len(chunk), "a request body")
         buf.write(chunk)
     return buf.getvalue()

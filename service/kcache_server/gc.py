@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 
 from kcache_schemas.models import EnvFingerprint, WorkloadManifest
 from kcache_schemas.retention import (
+    ENV_FIELDS,
     REASON_BUDGET,
     REASON_ENV,
     REASON_TTL,
@@ -59,7 +60,7 @@ from kcache_schemas.units import format_bytes, format_duration
 from pydantic import ValidationError
 
 from kcache_server import pins as pin_store
-from kcache_server.errors import GcBusy, InvalidRequest
+from kcache_server.errors import GcBusy, InvalidRequest, NotFound
 from kcache_server.kinds import GC, KERNEL, WORKLOAD, entry_kind, is_cache_kind, workload_name
 from kcache_server.retention import policy_active
 from kcache_server.storage import BackendUnavailable, IndexRecord, StorageError
@@ -78,7 +79,6 @@ _REPORT_ITEMS = 100
 CLAIM_GRACE_S = 300.0
 _MIN_GAP_S = 1.0
 _STATUS_KEY = "last"
-ENV_FIELDS = ("torch", "triton", "cuda", "hip", "gpu_arch")
 _FINGERPRINT_ID = re.compile(r"^[0-9a-f]{16}$")
 
 ItemId = tuple[str, str]  # (kind, key)
@@ -102,7 +102,7 @@ def env_selector(text: str, known: dict[str, EnvFingerprint]) -> dict[str, str]:
     if _FINGERPRINT_ID.match(text):
         fp = known.get(text)
         if fp is None:
-            raise InvalidRequest(f"no workload run in this namespace has environment {text}; `kcache ls --workloads` lists them")
+            raise NotFound(f"no workload run in this namespace has environment {text}; `kcache ls --workloads` lists them")
         fields = fingerprint_fields(fp)
         if not fields:
             raise InvalidRequest(f"environment {text} names nothing (no torch, triton, CUDA or arch): it matches everything")

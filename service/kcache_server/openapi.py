@@ -12,7 +12,11 @@ Added to FastAPI's document, by rule:
   uploads ``409`` (write-once) and ``507`` (the namespace's hard storage limit), a GC run ``409``
   (another holds the lease); operations with a body ``408`` (body deadline); the routes with
   size limits ``413``;
-* each path parameter's rule as a ``pattern`` (the validators' own regular expressions).
+* each path parameter's rule as a ``pattern`` (the validators' own regular expressions);
+* the request bodies that routes read themselves (to bound them in memory, FastAPI never sees
+  them): a pack, an entry's bytes, a run's statistics (:class:`RunStatsReport`), each required;
+* optional headers as what they are on the wire: absent, or a value (FastAPI writes ``null``
+  into an optional header's schema, and no header value means "null").
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ from kcache_schemas.keys import (
     WORKLOAD_NAME_PATTERN,
 )
 from kcache_schemas.models import FILENAME_PATTERN
+from kcache_schemas.pack import MEDIA_TYPE
+from kcache_schemas.stats import RunStatsReport
 
 _ERROR_REF = {"$ref": "#/components/schemas/ErrorBody"}
 _DESCRIPTIONS = {
@@ -56,6 +62,15 @@ _SIZE_LIMITED = {("put", wire.KERNEL), ("put", wire.ENTRY), ("post", wire.RUN_ST
 _WRITE_ONCE = {("put", wire.KERNEL), ("put", wire.ENTRY)}
 _STORAGE_LIMITED = _WRITE_ONCE  # uploads count against the namespace's storage limits
 _ONE_ITEM = ("{key}", "{name}", "{run_id}")
+# A GC run names an environment (``env``) that may not exist in the namespace.
+_NOT_FOUND_TOO = {("post", wire.GC)}
+_BINARY = {"type": "string", "format": "binary"}
+# Bodies the routes read themselves: (method, path) -> (media type, schema).
+_OWN_BODIES: dict[tuple[str, str], tuple[str, dict[str, Any]]] = {
+    ("put", wire.KERNEL): (MEDIA_TYPE, _BINARY),
+    ("put", wire.ENTRY): ("application/octet-stream", _BINARY),
+    ("post", wire.RUN_STATS): ("application/json", {"$ref": "#/components/schemas/RunStatsReport"}),
+}
 
 
 def _param_pattern(path: str, name: str) -> str | None:
@@ -81,7 +96,7 @@ def error_statuses(path: str, method: str, operation: dict[str, Any]) -> set[int
         statuses.add(403)
     if has_params or has_body:
         statuses.add(400)
-    if method in ("get", "head", "delete") and any(p in path for p in _ONE_ITEM):
+    if (method in ("get", "head", "delete") and any(p in path for p in _ONE_ITEM)) or (method, path) in _NOT_FOUND_TOO:
         statuses.add(404)
     if (method, path) in _WRITE_ONCE or (method, path) == ("post", wire.GC):
         statuses.add(409)
@@ -99,11 +114,15 @@ def error_statuses(path: str, method: str, operation: dict[str, Any]) -> set[int
 def document(schema: dict[str, Any]) -> dict[str, Any]:
     """Add error responses and path rules to a FastAPI OpenAPI document (in place)."""
     components = schema.setdefault("components", {}).setdefault("schemas", {})
-    body = ErrorBody.model_json_schema(ref_template="#/components/schemas/{model}")
-    components.update(body.pop("$defs", {}))
-    components["ErrorBody"] = body
+    for model in (ErrorBody, RunStatsReport):
+        body = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        components.update(body.pop("$defs", {}))
+        components[model.__name__] = body
     for path, operations in schema.get("paths", {}).items():
         for method, operation in operations.items():
+            if (method, path) in _OWN_BODIES:
+                media, body_schema = _OWN_BODIES[(method, path)]
+                operation["requestBody"] = {"required": True, "content": {media: {"schema": body_schema}}}
             responses = operation.setdefault("responses", {})
             for status in sorted(error_statuses(path, method, operation)):
                 response: dict[str, Any] = {
@@ -117,9 +136,19 @@ def document(schema: dict[str, Any]) -> dict[str, Any]:
                 pattern = _param_pattern(path, param["name"]) if param.get("in") == "path" else None
                 if pattern is not None:
                     param.setdefault("schema", {})["pattern"] = pattern
+                if param.get("in") == "header":
+                    _not_null(param.get("schema", {}))
     components.pop("HTTPValidationError", None)
     components.pop("ValidationError", None)
     return schema
+
+
+def _not_null(schema: dict[str, Any]) -> None:
+    """``anyOf: [X, {type: null}]`` becomes X (in place)."""
+    options = [o for o in schema.get("anyOf", ()) if o.get("type") != "null"]
+    if "anyOf" in schema and len(options) == 1:
+        del schema["anyOf"]
+        schema.update(options[0])
 
 
 def install(app: FastAPI) -> None:

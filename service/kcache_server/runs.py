@@ -14,13 +14,42 @@ import re
 import time
 
 from kcache_schemas.stats import RunAggregate, RunList, RunStatsReport, StatsDocument
+from pydantic import ValidationError
 
-from kcache_server.errors import NotFound
+from kcache_server.errors import InvalidBody, NotFound
 from kcache_server.kinds import RUN, run_kind
 from kcache_server.storage import IndexRecord
 from kcache_server.store import CacheStore
 
 _HOST_RE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def parse_report(body: bytes) -> RunStatsReport:
+    """A process's report as its JSON schema reads it: ``true`` is no count and ``"3"`` no
+    number (pydantic's lax mode took both), while ``3.0`` is an integer, as in JSON Schema.
+    Unknown fields are still ignored: stats are lenient about what a newer client adds, not about
+    the types of what both know. A body that fails is :class:`InvalidBody` naming the field."""
+    try:
+        tree = json.loads(body)
+        return RunStatsReport.model_validate_json(json.dumps(_whole_numbers(tree)), strict=True)
+    except ValidationError as exc:
+        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid body"}
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        raise InvalidBody(f"{where}: {first.get('msg')}") from None
+    except (ValueError, RecursionError) as exc:  # not JSON (JSONDecodeError, UnicodeDecodeError), too deep
+        raise InvalidBody(f"not a JSON document: {str(exc)[:200]}") from None
+
+
+def _whole_numbers(value: object) -> object:
+    """Floats without a fractional part as ints, through a parsed JSON document (a float field
+    takes an int in strict mode; an int field does not take a float)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _whole_numbers(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_whole_numbers(v) for v in value]
+    return value
 
 
 def record_report(store: CacheStore, namespace: str, run_id: str, report: RunStatsReport) -> tuple[str, bool]:

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Literal
+from typing import Literal, NoReturn
 
 from kcache_schemas import (
     EntryInfo,
@@ -58,14 +58,24 @@ from kcache_server.errors import (
 )
 from kcache_server.kinds import KERNEL, collapse_usage, entry_kind, is_cache_kind, quarantine_kind
 from kcache_server.retention import RetentionConfig
-from kcache_server.storage import BackendUnavailable, BlobNotFound, BlobStore, Index, IndexRecord
+from kcache_server.storage import (
+    BackendUnavailable,
+    BlobNotFound,
+    BlobStore,
+    BlobStream,
+    Index,
+    IndexRecord,
+)
 from kcache_server.storage.base import KindUsage, blob_ref, new_token
 
 log = logging.getLogger("kcache_server.store")
 
 _PAGE = 1000
-# Remote blob stores (S3) are read this many at a time by a batch get.
+# Remote blob stores (S3) are read this many at a time by a batch get, whole, if they are at
+# most _FETCH_AHEAD_MAX_BYTES; larger ones are streamed when their turn comes, so a batch of
+# large packs holds a chunk of one, not sixteen packs.
 _FETCH_AHEAD = 16
+_FETCH_AHEAD_MAX_BYTES = 1 << 20
 # Top-kernel queries scan the namespace's kernel records; stop somewhere sane.
 _TOP_SCAN_LIMIT = 200_000
 # A blob deletion marker outlives a stalled GC by this much; a writer of that blob waits for it at
@@ -79,13 +89,14 @@ _USAGE_TTL_S = 1.0
 
 @dataclass(frozen=True)
 class BatchGet:
-    """A batch get's answer: which keys are found, missing or invalid, and their packs (read
-    lazily, in ``found`` order; a pack whose blob vanished since the lookup is left out)."""
+    """A batch get's answer: which keys are found, missing or invalid, and their packs (opened
+    lazily, in ``found`` order, each to be read and closed before the next is asked for; a pack
+    whose blob vanished since the lookup is left out)."""
 
     found: list[str]
     missing: list[str]
     invalid: list[str]
-    packs: Iterator[tuple[str, bytes]] = field(repr=False)
+    packs: Iterator[tuple[str, BlobStream]] = field(repr=False)
 
 
 @dataclass(frozen=True)
@@ -298,6 +309,21 @@ class CacheStore:
         if self.blobs.size(record.digest) is not None:
             with contextlib.suppress(BlobNotFound):
                 return self.blobs.get(record.digest)
+        self._blob_lost(record)
+
+    def _open_blob(self, record: IndexRecord) -> BlobStream:
+        """:meth:`_read_blob`, streamed: what responses send, so that concurrent readers of a
+        large blob hold a chunk each instead of a copy each."""
+        try:
+            return self.blobs.open(record.digest)
+        except BlobNotFound:
+            pass
+        if self.blobs.size(record.digest) is not None:
+            with contextlib.suppress(BlobNotFound):
+                return self.blobs.open(record.digest)
+        self._blob_lost(record)
+
+    def _blob_lost(self, record: IndexRecord) -> NoReturn:
         if self._drop(record):
             log.warning("blob %s for %s/%s vanished; removed its index record", record.digest, record.kind, record.key)
         raise NotFound(f"{record.kind} {record.key}") from None
@@ -424,6 +450,13 @@ class CacheStore:
         self.access.record(namespace, KERNEL, [key])
         return KernelEntry.model_validate_json(record.meta), data
 
+    def open_kernel_pack(self, namespace: str, key: str) -> tuple[KernelEntry, BlobStream]:
+        """:meth:`kernel_pack`, streamed (the caller closes the stream)."""
+        record = self._kernel_record(namespace, key)
+        stream = self._open_blob(record)
+        self.access.record(namespace, KERNEL, [key])
+        return KernelEntry.model_validate_json(record.meta), stream
+
     def kernel_file(self, namespace: str, key: str, filename: str) -> bytes:
         """One file of a stored pack, checked against the pack's manifest. Only that file is
         held; the pack is decompressed up to its end. A pack stored by an older service that
@@ -463,39 +496,49 @@ class CacheStore:
         found = [k for k in unique if k in records]
         missing = [k for k in unique if k not in records]
 
-        def packs() -> Iterator[tuple[str, bytes]]:
-            for key, data in self._read_blobs([(k, records[k].digest) for k in found]):
-                if data is not None:  # vanished between lookup and read: the client sees a miss
-                    yield key, data
+        def packs() -> Iterator[tuple[str, BlobStream]]:
+            for key, stream in self._open_blobs([records[k] for k in found]):
+                if stream is not None:  # vanished between lookup and read: the client sees a miss
+                    yield key, stream
             self.access.record(namespace, KERNEL, found)
 
         return BatchGet(found, missing, invalid, packs())
 
-    def _read_blobs(self, wanted: list[tuple[str, str]]) -> Iterator[tuple[str, bytes | None]]:
-        """``(key, blob or None if gone)`` in order. Remote blob stores (S3) are read up to
-        _FETCH_AHEAD at a time: one GET after another made a bulk pull wait on 500 round trips.
-        Errors other than a vanished blob surface in order, as from a plain loop."""
+    def _open_blobs(self, wanted: list[IndexRecord]) -> Iterator[tuple[str, BlobStream | None]]:
+        """``(key, its blob opened, or None if gone)`` in order; each stream is read (and
+        closed) by the caller before it asks for the next. Remote blob stores (S3) read small
+        blobs up to _FETCH_AHEAD at a time: one GET after another made a bulk pull wait on 500
+        round trips. Errors other than a vanished blob surface in order, as from a plain loop."""
 
-        def get(digest: str) -> bytes | None:
+        def opened(digest: str) -> BlobStream | None:
             try:
-                return self.blobs.get(digest)
+                return self.blobs.open(digest)
+            except BlobNotFound:
+                return None
+
+        def fetched(digest: str) -> BlobStream | None:
+            try:
+                return BlobStream.of(self.blobs.get(digest))
             except BlobNotFound:
                 return None
 
         if self.blobs.name == "file" or len(wanted) < 2:  # local reads: threads would only add cost
-            for key, digest in wanted:
-                yield key, get(digest)
+            for record in wanted:
+                yield record.key, opened(record.digest)
             return
         with ThreadPoolExecutor(max_workers=_FETCH_AHEAD, thread_name_prefix="kcache-batch-get") as pool:
+            # A large blob is not fetched ahead (it would be held whole) nor opened ahead (its
+            # connection would sit idle): it is opened when its turn comes.
+            def ahead(record: IndexRecord) -> Future[BlobStream | None] | None:
+                return pool.submit(fetched, record.digest) if record.size <= _FETCH_AHEAD_MAX_BYTES else None
+
             todo = iter(wanted)
-            window: deque[tuple[str, Future[bytes | None]]] = deque(
-                (key, pool.submit(get, digest)) for key, digest in itertools.islice(todo, _FETCH_AHEAD)
-            )
+            window = deque((record, ahead(record)) for record in itertools.islice(todo, _FETCH_AHEAD))
             while window:
-                key, future = window.popleft()
-                for nxt, digest in itertools.islice(todo, 1):
-                    window.append((nxt, pool.submit(get, digest)))
-                yield key, future.result()
+                record, future = window.popleft()
+                for nxt in itertools.islice(todo, 1):
+                    window.append((nxt, ahead(nxt)))
+                yield record.key, opened(record.digest) if future is None else future.result()
 
     def list_kernels(self, namespace: str, after: str, prefix: str, limit: int) -> list[KernelEntry]:
         return [KernelEntry.model_validate_json(r.meta) for r in self.index.list(namespace, KERNEL, after=after, prefix=prefix, limit=limit)]
@@ -581,6 +624,13 @@ class CacheStore:
         data = self._read_blob(record)
         self.access.record(namespace, record.kind, [key])
         return EntryInfo.model_validate_json(record.meta), data
+
+    def open_entry(self, namespace: str, layer: str, key: str) -> tuple[EntryInfo, BlobStream]:
+        """:meth:`entry_bytes`, streamed (the caller closes the stream)."""
+        record = self._entry_record(namespace, layer, key)
+        stream = self._open_blob(record)
+        self.access.record(namespace, record.kind, [key])
+        return EntryInfo.model_validate_json(record.meta), stream
 
     # ---- quarantine: entries torch could not load --------------------------------------------
 

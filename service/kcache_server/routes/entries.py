@@ -25,7 +25,7 @@ from kcache_server.deps import (
     StoreDep,
     read_body,
 )
-from kcache_server.responses import bytes_response
+from kcache_server.responses import blob_response
 from kcache_server.signatures import admit_entry, registered_keys, supersedes
 
 router = APIRouter(tags=["entries"])
@@ -38,7 +38,8 @@ def _headers(info: EntryInfo) -> dict[str, str]:
     return headers
 
 
-@router.put(wire.ENTRY, status_code=201, response_model=EntryInfo, summary="Store an entry (write-once)")
+@router.put(wire.ENTRY, status_code=201, response_model=EntryInfo, summary="Store an entry (write-once)",
+            responses={200: {"model": EntryInfo, "description": "Identical content was stored already: nothing changed"}})
 async def put_entry(
     request: Request, response: Response, namespace: Namespace, layer: Layer, key: EntryKey,
     store: StoreDep, settings: SettingsDep, _: CanWrite,
@@ -59,13 +60,15 @@ async def put_entry(
     return info
 
 
-@router.get(wire.ENTRY, summary="Fetch an entry's bytes", response_class=Response)
+@router.get(wire.ENTRY, summary="Fetch an entry's bytes", response_class=Response,
+            responses={200: {"content": {"application/octet-stream": {}}, "description": "The entry's bytes, as stored"}})
 def get_entry(namespace: Namespace, layer: Layer, key: EntryKey, store: StoreDep, _: CanRead) -> Response:
-    info, data = store.entry_bytes(namespace, layer, key)
-    return bytes_response(data, "application/octet-stream", _headers(info))
+    info, blob = store.open_entry(namespace, layer, key)
+    return blob_response(blob, "application/octet-stream", _headers(info))
 
 
-@router.head(wire.ENTRY, summary="Whether an entry exists")
+@router.head(wire.ENTRY, summary="Whether an entry exists", response_class=Response,
+             responses={200: {"content": {"application/octet-stream": {}}, "description": "Stored: the GET's headers (Content-Length: the entry's size), no body"}})
 def head_entry(namespace: Namespace, layer: Layer, key: EntryKey, store: StoreDep, _: CanRead) -> Response:
     info = store.entry_info(namespace, layer, key)
     headers = _headers(info) | {"Content-Length": str(info.size)}

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import io
 import json
-import tarfile
-from collections.abc import Iterator
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
@@ -32,11 +29,10 @@ from kcache_server.deps import (
     read_body,
 )
 from kcache_server.metrics import record_batch_lookups
-from kcache_server.responses import bytes_response
+from kcache_server.responses import blob_response, bytes_response, tar_stream
 
 router = APIRouter(tags=["kernels"])
 
-_BATCH_CHUNK = 256 << 10
 _TEXT_SUFFIXES = (".source", ".ttir", ".ttgir", ".llir", ".ptx", ".amdgcn", ".json")
 
 
@@ -49,7 +45,8 @@ def _entry_headers(entry: KernelEntry) -> dict[str, str]:
     }
 
 
-@router.put(wire.KERNEL, status_code=201, response_model=KernelEntry, summary="Upload a kernel pack")
+@router.put(wire.KERNEL, status_code=201, response_model=KernelEntry, summary="Upload a kernel pack",
+            responses={200: {"model": KernelEntry, "description": "Identical content was stored already: nothing changed"}})
 async def put_kernel(
     request: Request, response: Response, namespace: Namespace, key: KernelKey,
     store: StoreDep, settings: SettingsDep, _: CanWrite,
@@ -70,11 +67,12 @@ def get_kernel(namespace: Namespace, key: KernelKey, store: StoreDep, settings: 
         url = store.kernel_download_url(namespace, key, settings.presign_expires_s)
         if url is not None:
             return RedirectResponse(url, status_code=307)
-    entry, data = store.kernel_pack(namespace, key)
-    return bytes_response(data, MEDIA_TYPE, _entry_headers(entry))
+    entry, blob = store.open_kernel_pack(namespace, key)
+    return blob_response(blob, MEDIA_TYPE, _entry_headers(entry))
 
 
-@router.head(wire.KERNEL, summary="Whether a kernel exists, and its pack size")
+@router.head(wire.KERNEL, summary="Whether a kernel exists, and its pack size", response_class=Response,
+             responses={200: {"content": {MEDIA_TYPE: {}}, "description": "Stored: the GET's headers (Content-Length: the pack's size), no body"}})
 def head_kernel(namespace: Namespace, key: KernelKey, store: StoreDep, _: CanRead) -> Response:
     entry = store.kernel_entry(namespace, key)
     headers = _entry_headers(entry) | {"Content-Length": str(entry.pack_size)}
@@ -118,37 +116,10 @@ def batch_get(request: Request, body: BatchGetRequest, namespace: Namespace, sto
     already compressed, so the outer tar adds only headers."""
     batch = store.batch_get(namespace, body.keys)
     record_batch_lookups(request, len(batch.found), len(batch.missing))
-
-    def stream() -> Iterator[bytes]:
-        buf = io.BytesIO()
-        tf = tarfile.open(fileobj=buf, mode="w|", format=tarfile.PAX_FORMAT)  # noqa: SIM115 - closed after the last yield
-
-        def add(name: str, data: bytes) -> bytes:
-            info = tarfile.TarInfo(name)
-            info.size, info.mode = len(data), 0o644
-            tf.addfile(info, io.BytesIO(data))
-            out = buf.getvalue()
-            buf.seek(0)
-            buf.truncate()
-            return out
-
-        index = {"found": batch.found, "missing": batch.missing, "invalid": batch.invalid}
-        yield add(wire.BATCH_INDEX, json.dumps(index).encode())
-        # Starlette runs each step of a sync iterator in the threadpool: one hop per pack was
-        # most of the time of a bulk pull. Hand over about _BATCH_CHUNK bytes at a time.
-        pending: list[bytes] = []
-        size = 0
-        for key, data in batch.packs:
-            pending.append(add(wire.batch_member(key), data))
-            size += len(pending[-1])
-            if size >= _BATCH_CHUNK:
-                yield b"".join(pending)
-                pending, size = [], 0
-        tf.close()
-        pending.append(buf.getvalue())
-        yield b"".join(pending)
-
-    return StreamingResponse(stream(), media_type="application/x-tar")
+    index = {"found": batch.found, "missing": batch.missing, "invalid": batch.invalid}
+    packs = ((wire.batch_member(key), blob) for key, blob in batch.packs)
+    stream = tar_stream((wire.BATCH_INDEX, json.dumps(index).encode()), packs)
+    return StreamingResponse(stream, media_type="application/x-tar")
 
 
 @router.get(wire.KERNELS, response_model=KernelList, summary="List kernels (paginated)")

@@ -39,7 +39,8 @@ def list_pins(namespace: Namespace, store: StoreDep, _: CanRead) -> PinList:
     return pins.pins(store, namespace)
 
 
-@router.put(wire.PIN, status_code=201, response_model=Pin, summary="Pin a workload: its kernels and entries are never evicted (admin)")
+@router.put(wire.PIN, status_code=201, response_model=Pin, summary="Pin a workload: its kernels and entries are never evicted (admin)",
+            responses={200: {"model": Pin, "description": "Pinned already: nothing changed"}})
 def pin(
     namespace: Namespace, name: WorkloadName, store: StoreDep, _: CanAdmin, response: Response,
     ahead: Annotated[bool, Query(alias=wire.PIN_AHEAD, description="pin a workload no published run names yet (else 404)")] = False,

@@ -8,13 +8,11 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from kcache_schemas import validate_run_id, wire
-from kcache_schemas.stats import RunAggregate, RunList, RunStatsReport
-from pydantic import ValidationError
+from kcache_schemas.stats import RunAggregate, RunList
 
 from kcache_server import runs
 from kcache_server.auth import Authenticator
 from kcache_server.deps import CanRead, CanWrite, Namespace, StoreDep, get_auth, read_body
-from kcache_server.errors import InvalidBody
 
 router = APIRouter(tags=["runs"])
 
@@ -28,16 +26,12 @@ async def _run_id(run_id: str) -> str:
 RunId = Annotated[str, Depends(_run_id)]
 
 
-@router.post(wire.RUN_STATS, status_code=201, summary="Report one process's cache statistics for a run")
+@router.post(wire.RUN_STATS, status_code=201, summary="Report one process's cache statistics for a run",
+             responses={200: {"description": "This report (its report_id) was recorded already: nothing changed"}})
 async def post_run_stats(request: Request, response: Response, namespace: Namespace, run_id: RunId, store: StoreDep, _: CanWrite) -> dict[str, Any]:
     with store.budget.hold() as share:
         body = await read_body(request, _MAX_REPORT_BYTES, share)
-    try:
-        report = RunStatsReport.model_validate_json(body)
-    except ValidationError as exc:
-        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid body"}
-        where = ".".join(str(p) for p in first.get("loc", ()))
-        raise InvalidBody(f"{where}: {first.get('msg')}") from None
+    report = runs.parse_report(body)
     key, created = await run_in_threadpool(runs.record_report, store, namespace, run_id, report)
     response.status_code = 201 if created else 200
     return {"run_id": run_id, "report": key}

@@ -21,7 +21,8 @@ async def _name(name: str) -> str:
 WorkloadName = Annotated[str, Depends(_name)]
 
 
-@router.put(wire.WORKLOAD, status_code=201, summary="Publish the kernels and entries one run used")
+@router.put(wire.WORKLOAD, status_code=201, summary="Publish the kernels and entries one run used",
+            responses={200: {"description": "The same kernels and entries were published for this environment already: nothing changed"}})
 def put_workload(namespace: Namespace, name: WorkloadName, body: WorkloadManifest, store: StoreDep, _: CanWrite, response: Response) -> dict[str, str]:
     fingerprint, run, created = workloads.publish(store, namespace, name, body)
     response.status_code = 201 if created else 200

@@ -4,7 +4,9 @@ Two parts, so bytes and metadata can live in the systems built for each (S3 and 
 production, a directory and SQLite by default):
 
 * :class:`BlobStore` holds immutable bytes addressed by their sha256 ("digest"). Writing the same
-  digest twice is harmless, so concurrent writers never clobber each other.
+  digest twice is harmless, so concurrent writers never clobber each other. A blob is read
+  whole (``get``) or streamed (``open``: what the service sends to clients, so N readers of a
+  large blob hold a chunk each, not N copies).
 * :class:`Index` maps ``(namespace, kind, key)`` to a record naming a digest. ``put_if_absent`` is
   the commit point of every write: whoever inserts first wins, later writers see the winner.
 
@@ -30,8 +32,9 @@ import json
 import time
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from types import TracebackType
 
 
 class StorageError(Exception):
@@ -99,6 +102,49 @@ def token_time(token: str) -> float:
         return 0.0
 
 
+# What a streamed read hands over at a time: large enough that a 48 MiB pack is a few hundred
+# steps, small enough that many concurrent readers hold little each.
+READ_CHUNK = 256 << 10
+
+
+class BlobStream:
+    """An open blob, read once: ``size`` bytes in chunks of at most the size asked for. A backend
+    failure during the read raises :class:`BackendUnavailable`; ``close`` releases the file or
+    connection (also when the reader stops early), and is safe to call twice."""
+
+    def __init__(self, size: int, chunks: Iterator[bytes], close: Callable[[], None] | None = None) -> None:
+        self.size = size
+        self._chunks = chunks
+        self._close = close
+
+    @classmethod
+    def of(cls, data: bytes, chunk_size: int = READ_CHUNK) -> BlobStream:
+        """A stream over bytes already held."""
+        view = memoryview(data)
+        return cls(len(data), (bytes(view[i : i + chunk_size]) for i in range(0, len(data), chunk_size)))
+
+    def __iter__(self) -> Iterator[bytes]:
+        return self._chunks
+
+    def read(self) -> bytes:
+        """The rest of the blob, joined (for small blobs)."""
+        return b"".join(self._chunks)
+
+    def close(self) -> None:
+        close, self._close = self._close, None
+        if close is not None:
+            stop = getattr(self._chunks, "close", None)  # a generator: run its cleanup now
+            if stop is not None:
+                stop()
+            close()
+
+    def __enter__(self) -> BlobStream:
+        return self
+
+    def __exit__(self, *exc: type[BaseException] | BaseException | TracebackType | None) -> None:
+        self.close()
+
+
 class BlobStore(ABC):
     """Immutable bytes by sha256 digest."""
 
@@ -111,6 +157,14 @@ class BlobStore(ABC):
     @abstractmethod
     def get(self, digest: str) -> bytes:
         """Return the bytes; :class:`BlobNotFound` if absent."""
+
+    @abstractmethod
+    def open(self, digest: str, chunk_size: int = READ_CHUNK) -> BlobStream:
+        """Open the blob for a streamed read: :class:`BlobNotFound` now if absent (never halfway
+        through), then the bytes as they are read, never more than ``chunk_size`` held at once.
+        The caller closes the stream. A blob deleted while it is read (a GC) is read whole from
+        a file store (the open file stays); another backend may end the read with
+        :class:`BackendUnavailable`, never with other bytes."""
 
     @abstractmethod
     def size(self, digest: str) -> int | None:

@@ -7,7 +7,14 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from kcache_server.storage.base import BackendUnavailable, BlobInfo, BlobNotFound, BlobStore
+from kcache_server.storage.base import (
+    READ_CHUNK,
+    BackendUnavailable,
+    BlobInfo,
+    BlobNotFound,
+    BlobStore,
+    BlobStream,
+)
 
 _TMP_PREFIX = ".tmp-"
 _HEX = frozenset("0123456789abcdef")
@@ -54,6 +61,30 @@ class FileBlobStore(BlobStore):
             return self._path(digest).read_bytes()
         except FileNotFoundError:
             raise BlobNotFound(digest) from None
+
+    def open(self, digest: str, chunk_size: int = READ_CHUNK) -> BlobStream:
+        try:
+            fh = self._path(digest).open("rb", buffering=0)
+        except FileNotFoundError:
+            raise BlobNotFound(digest) from None
+        try:
+            size = os.fstat(fh.fileno()).st_size
+        except BaseException:
+            fh.close()
+            raise
+        # The open file is the blob (blobs are renamed into place, never rewritten), so a GC
+        # that unlinks it meanwhile does not cut this read short.
+
+        def chunks() -> Iterator[bytes]:
+            try:
+                while chunk := fh.read(chunk_size):
+                    yield chunk
+            except OSError as exc:
+                raise BackendUnavailable(self.name, f"reading blob {digest[:16]}…: {exc}") from exc
+            finally:
+                fh.close()
+
+        return BlobStream(size, chunks(), fh.close)
 
     def size(self, digest: str) -> int | None:
         try:

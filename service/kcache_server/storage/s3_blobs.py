@@ -38,7 +38,14 @@ from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
-from kcache_server.storage.base import BackendUnavailable, BlobInfo, BlobNotFound, BlobStore
+from kcache_server.storage.base import (
+    READ_CHUNK,
+    BackendUnavailable,
+    BlobInfo,
+    BlobNotFound,
+    BlobStore,
+    BlobStream,
+)
 
 T = TypeVar("T")
 
@@ -226,6 +233,28 @@ class S3BlobStore(BlobStore):
             return self._call("get", fetch)
         except BlobNotFound:
             raise BlobNotFound(digest) from None
+
+    def open(self, digest: str, chunk_size: int = READ_CHUNK) -> BlobStream:
+        key = self.key(digest)
+        try:
+            answer = self._call("get", lambda: self._client.get_object(Bucket=self.bucket, Key=key))
+        except BlobNotFound:
+            raise BlobNotFound(digest) from None
+        body = answer["Body"]
+        # The object is read from S3 as the client reads it from us: a slow client keeps one
+        # pooled connection busy for its download (botocore's read timeout applies to each of
+        # our reads, not to the time between them). A failure halfway is not retried: the
+        # client's download fails and it retries the whole GET.
+
+        def chunks() -> Iterator[bytes]:
+            try:
+                yield from body.iter_chunks(chunk_size)
+            except Exception as exc:
+                raise self._translate(exc, "get") from exc
+            finally:
+                body.close()
+
+        return BlobStream(int(answer["ContentLength"]), chunks(), body.close)
 
     def size(self, digest: str) -> int | None:
         key = self.key(digest)
