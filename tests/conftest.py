@@ -27,7 +27,7 @@ def _weight(item: pytest.Item) -> int:
     """Heavier first: the host-safety scenarios (hundreds of interpreters), then modules that drive
     torch in subprocesses, then other end-to-end modules, then the fast ones."""
     marks = {m.name for m in item.iter_markers()}
-    return -(4 * ("host_safety" in marks) + 2 * ("torch" in marks) + ("slow" in marks))
+    return -(4 * ("host_safety" in marks) + 2 * bool(marks & {"torch", "one_torch"}) + ("slow" in marks))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -34,7 +34,9 @@ from kcache_testkit.service import ServerProcess, clean_env, with_testkit
 
 pytest.importorskip("torch")
 # Nine to eleven interpreters that import torch and compile, most of them at once.
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+# The node's local tier and the service decide what is downloaded, not torch's version: the
+# default torch only (the torch matrix runs test_fleet's prefetch and hit paths).
+pytestmark = [pytest.mark.slow, pytest.mark.one_torch]
 
 JOB = Path(__file__).with_name("fleet_job.py")
 WORKLOAD = "node-once"
