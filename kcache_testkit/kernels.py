@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import base64
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,3 +63,21 @@ def large_pack(kernel: Kernel, size: int, seed: int = 0) -> bytes:
     files = dict(kernel.files)
     files[kernel.cubin] = random.Random(seed).randbytes(size)
     return build_pack(manifest_for_files(kernel.key, files), files, level=1)
+
+
+def triton_cache_hits(compile_fn: Callable[[], object]) -> list[bool]:
+    """Run ``compile_fn`` with a Triton compilation listener; each compile's ``cache_hit``."""
+    import triton
+
+    seen: list[bool] = []
+
+    def listener(*, cache_hit: bool = False, **_: object) -> None:
+        seen.append(cache_hit)
+
+    old = triton.knobs.compilation.listener
+    triton.knobs.compilation.listener = listener
+    try:
+        compile_fn()
+    finally:
+        triton.knobs.compilation.listener = old
+    return seen

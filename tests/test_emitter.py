@@ -19,26 +19,13 @@ from kcache.emitter import EmitOutcome, clean_stale, emit_pack, is_complete
 from kcache_schemas.pack import pack_kernel_dir, read_kernel_dir, read_pack
 
 from kcache_testkit.corpus import _compile_env, cached_corpus, compile_small, corpus_specs
+from kcache_testkit.kernels import triton_cache_hits
 
 pytestmark = pytest.mark.torch
 
 pytest_plugins = ["live"]
 
 
-def _hits(compile_fn) -> list[bool]:  # type: ignore[no-untyped-def]
-    """Run ``compile_fn`` with a Triton compilation listener; return each compile's cache_hit."""
-    seen: list[bool] = []
-
-    def listener(*, cache_hit: bool = False, **_: object) -> None:
-        seen.append(cache_hit)
-
-    old = triton.knobs.compilation.listener
-    triton.knobs.compilation.listener = listener
-    try:
-        compile_fn()
-    finally:
-        triton.knobs.compilation.listener = old
-    return seen
 
 
 def _tree(root: Path) -> dict[str, float]:
@@ -53,7 +40,7 @@ def test_push_then_pull_into_empty_dir_is_a_triton_cache_hit(live_service, real_
     assert sorted(p.name for p in dest.iterdir()) == sorted(d.name for d in real_kernel_dirs)
     before = _tree(dest)
 
-    hits = _hits(lambda: compile_small(dest, count=len(real_kernel_dirs)))
+    hits = triton_cache_hits(lambda: compile_small(dest, count=len(real_kernel_dirs)))
 
     assert hits == [True] * len(real_kernel_dirs)  # Triton loaded every kernel from our dirs
     assert _tree(dest) == before  # and wrote nothing: no new dir, no rewritten file
@@ -106,7 +93,7 @@ def test_corrupt_dir_is_quarantined_and_replaced(real_kernel_dirs, tmp_path: Pat
     assert is_complete(kdir, manifest)
     quarantined = [p for p in tmp_path.iterdir() if p.name.startswith("quarantine.")]
     assert len(quarantined) == 1  # the damaged dir is kept aside for inspection, not deleted
-    assert _hits(lambda: compile_small(tmp_path, count=len(real_kernel_dirs))) == [True] * len(real_kernel_dirs)
+    assert triton_cache_hits(lambda: compile_small(tmp_path, count=len(real_kernel_dirs))) == [True] * len(real_kernel_dirs)
 
 
 def test_dir_being_written_by_a_local_compile_is_left_alone(real_kernel_dirs, tmp_path: Path) -> None:
@@ -202,7 +189,7 @@ def test_16_processes_emitting_200_kernels_at_once_leave_intact_dirs(tmp_path: P
             for spec in specs:
                 triton.compile(spec.source(), target=spec.target(), options=spec.options())
 
-    assert _hits(compile_all) == [True] * len(specs)
+    assert triton_cache_hits(compile_all) == [True] * len(specs)
     assert _tree(dest) == before
 
 

@@ -14,12 +14,12 @@ import pickle
 from pathlib import Path
 
 import pytest
-import triton
 from kcache.cli import main as cli
 from kcache.config import ClientConfig
 from kcache.http import KcacheClient
 from kcache_schemas.pack import pack_kernel_dir, read_kernel_dir, read_pack
 
+from kcache_testkit.kernels import triton_cache_hits
 from kcache_testkit.long_names import LONG_NAME, TRITON_FILE_NAME_MAX, compile_long_name
 
 pytestmark = pytest.mark.torch
@@ -32,19 +32,6 @@ def long_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return compile_long_name(tmp_path_factory.mktemp("triton-long"))
 
 
-def _hits(compile_fn) -> list[bool]:  # type: ignore[no-untyped-def]
-    seen: list[bool] = []
-
-    def listener(*, cache_hit: bool = False, **_: object) -> None:
-        seen.append(cache_hit)
-
-    old = triton.knobs.compilation.listener
-    triton.knobs.compilation.listener = listener
-    try:
-        compile_fn()
-    finally:
-        triton.knobs.compilation.listener = old
-    return seen
 
 
 def test_the_pack_names_the_kernel_by_its_files(long_dir: Path) -> None:
@@ -63,7 +50,7 @@ def test_push_then_pull_is_a_triton_cache_hit(long_dir: Path, live_service, tmp_
     dest = tmp_path / "fresh-node"
     assert cli(["pull", long_dir.name, "--dest", str(dest), "--url", live_service.url]) == 0
     assert read_kernel_dir(dest / long_dir.name) == read_kernel_dir(long_dir)
-    assert _hits(lambda: compile_long_name(dest)) == [True]  # Triton loads what kcache wrote
+    assert triton_cache_hits(lambda: compile_long_name(dest)) == [True]  # Triton loads what kcache wrote
 
 
 def test_inductor_bundles_upload_and_emit_it(long_dir: Path, live_service, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,

@@ -50,7 +50,6 @@ from typing import TYPE_CHECKING, Any
 
 from kcache import jit_layer, patching
 from kcache.after_import import call_after_import, imported
-from kcache.current import get_runtime
 from kcache.failopen import guard, warn_once
 
 if TYPE_CHECKING:
@@ -146,20 +145,6 @@ def _has(cls: Any, *names: str) -> bool:
     return isinstance(cls, type) and all(callable(getattr(cls, n, None)) for n in names)
 
 
-def _runtime() -> Runtime | None:
-    """The runtime, if it serves the ``jit`` layer (``KCACHE_LAYERS``)."""
-    rt = get_runtime()
-    if rt is None or rt.client is None or not _serves_jit(rt.config.layers):
-        return None
-    return rt
-
-
-@functools.lru_cache(maxsize=8)
-def _serves_jit(layers: str | None) -> bool:
-    from kcache.config import selected_layers
-
-    return jit_layer.LAYER in selected_layers(layers)
-
 
 def _chain(builders: Any) -> tuple[Any, ...] | None:
     """The builders of one ``_worker_compile_cpp`` call (a sequence; one builder in older torch)."""
@@ -254,7 +239,7 @@ def _upload(rt: Runtime, key: BuildKey | None, final: str, build_s: float) -> No
 
 def _wrap_worker(original: Callable[..., Any], codecache: ModuleType) -> Callable[..., Any]:
     def _worker_compile_cpp(lock_path: str, builders: Any, *rest: Any) -> Any:
-        rt = _runtime()
+        rt = jit_layer.serving_runtime()
         chain = _chain(builders) if not rest else None
         if rt is None or chain is None or _is_header(chain):
             return original(lock_path, builders, *rest)
@@ -295,7 +280,7 @@ def _wrap_precompile_header(original: Callable[..., Any], codecache: ModuleType)
         plain: str | None = None
         # Only for CppCodeCache's modules (AOTInductor precompiles the same way, for builds that
         # do not pass through _worker_compile_cpp: those keep torch's header).
-        if getattr(_load_scope, "depth", 0) and _runtime() is not None:
+        if getattr(_load_scope, "depth", 0) and jit_layer.serving_runtime() is not None:
             with guard("could not defer Inductor's precompiled header; it is built now"):
                 plain = _plain_header(codecache, functools.partial(original, *args, **kwargs), args, kwargs)
         return plain if plain is not None else original(*args, **kwargs)
@@ -390,7 +375,7 @@ def _take_back(cls: type, path: str, key: str, exc: BaseException) -> _Installed
 
 def _wrap_check_build(original: Callable[..., bool]) -> Callable[..., bool]:
     def check_build(self: Any, code: str) -> bool:
-        if _runtime() is None:
+        if jit_layer.serving_runtime() is None:
             return original(self, code)
         outer = getattr(_isa_scope, "probes", None)
         probes: list[tuple[Runtime, str, str]] = []
@@ -415,7 +400,7 @@ def _wrap_check_build(original: Callable[..., bool]) -> Callable[..., bool]:
 def _wrap_build(original: Callable[..., Any], codecache: ModuleType) -> Callable[..., Any]:
     def build(self: Any) -> Any:
         probes = getattr(_isa_scope, "probes", None)
-        rt = _runtime() if probes is not None else None
+        rt = jit_layer.serving_runtime() if probes is not None else None
         if rt is None or probes is None or os.path.exists(str(self.get_target_file_path())):
             return original(self)  # not a probe, kcache off, or torch rebuilding on purpose
         served, key = False, None

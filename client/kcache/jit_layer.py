@@ -16,6 +16,7 @@ an error, warned about once, dropped from the local tier, and the builder compil
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import tempfile
 from collections.abc import Callable, Mapping
@@ -25,6 +26,7 @@ from kcache_schemas import jit as artifact
 from kcache_schemas import wire
 
 from kcache._process import in_inductor_compile_worker
+from kcache.current import get_runtime
 from kcache.failopen import warn_once
 
 if TYPE_CHECKING:
@@ -32,6 +34,21 @@ if TYPE_CHECKING:
     from kcache.runtime import Runtime
 
 LAYER = wire.CacheLayer.JIT.value
+
+
+def serving_runtime() -> Runtime | None:
+    """The runtime, if there is one that talks to a service and serves this layer (``KCACHE_LAYERS``)."""
+    rt = get_runtime()
+    if rt is None or rt.client is None or not _serves_jit(rt.config.layers):
+        return None
+    return rt
+
+
+@functools.lru_cache(maxsize=8)
+def _serves_jit(layers: str | None) -> bool:
+    from kcache.config import selected_layers
+
+    return LAYER in selected_layers(layers)
 
 
 def fetch(rt: Runtime, key: str, adapter: str, accept: Callable[[Mapping[str, bytes]], None] | None = None) -> Mapping[str, bytes] | None:

@@ -42,7 +42,6 @@ from typing import TYPE_CHECKING, Any
 
 from kcache import jit_layer, patching
 from kcache.after_import import call_after_import, imported
-from kcache.current import get_runtime
 from kcache.failopen import guard, warn_once
 
 if TYPE_CHECKING:
@@ -107,19 +106,6 @@ def _install(ext: ModuleType) -> None:
         patching.patch(PATCHES, ext, "_import_module_from_library", _wrap_import(originals["_import_module_from_library"], ext))
 
 
-def _runtime() -> Runtime | None:
-    rt = get_runtime()
-    if rt is None or rt.client is None or not _serves_jit(rt.config.layers):
-        return None
-    return rt
-
-
-@functools.lru_cache(maxsize=8)
-def _serves_jit(layers: str | None) -> bool:
-    from kcache.config import selected_layers
-
-    return jit_layer.LAYER in selected_layers(layers)
-
 
 def _wrap_write(original: Callable[..., Any]) -> Callable[..., Any]:
     def _write_ninja_file_and_build_library(*args: Any, **kwargs: Any) -> Any:
@@ -157,7 +143,7 @@ def _a_library(files: Mapping[str, bytes]) -> None:
 def _wrap_run(original: Callable[..., Any], ext: ModuleType) -> Callable[..., Any]:
     def _run_ninja_build(build_directory: str, *args: Any, **kwargs: Any) -> Any:
         name = getattr(_building, "name", None)
-        rt = _runtime() if name is not None else None
+        rt = jit_layer.serving_runtime() if name is not None else None
         if rt is None or name is None or not isinstance(build_directory, str):
             return original(build_directory, *args, **kwargs)  # not a JIT library build, or kcache off
         served, key, library = False, None, os.path.join(build_directory, f"{name}{ext.LIB_EXT}")
