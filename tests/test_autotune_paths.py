@@ -44,6 +44,10 @@ def run(node: Node, kernel_file: str, **kcache: str) -> dict[str, Any]:
 
 @pytest.mark.slow
 def test_a_warm_node_on_the_producers_host_asks_kcache_for_the_autotune_winner(live_service, tmp_path: Path) -> None:
+    from torch._inductor.runtime.autotune_cache import AutotuneCache
+
+    if "_make_local_cache_key" not in vars(AutotuneCache):  # torch 2.9: the hook point kcache needs is absent
+        pytest.skip("this torch keys its local autotune cache without AutotuneCache._make_local_cache_key: not served")
     fleet = {"KCACHE_URL": live_service.url, "KCACHE_WORKLOAD": "autotuned"}
     a = Node(tmp_path / "a")
     produced = run(a, "-", **fleet)  # compiles, "benchmarks", saves the winner (local file + kcache)
