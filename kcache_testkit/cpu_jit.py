@@ -1,6 +1,7 @@
 """Running the ``jit`` layer's jobs (``cpu_jit_job.py``: a ``torch.compile`` on the CPU;
-``cpp_extension_job.py``: a ``load_inline`` extension) on user-like nodes, with every compiler run
-recorded: what tests/test_jit_*.py assert on and bench/cpu_jit.py times."""
+``cpp_extension_job.py``: a ``load_inline`` extension; ``tvm_ffi_job.py``: a tvm-ffi module) on
+user-like nodes, with every compiler run recorded: what tests/test_jit_*.py assert on and
+bench/cpu_jit.py times."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from kcache_testkit.nodes import Node
 
 JOB = Path(__file__).with_name("cpu_jit_job.py")
 EXTENSION_JOB = Path(__file__).with_name("cpp_extension_job.py")  # torch cpp_extension.load_inline
+TVM_FFI_JOB = Path(__file__).with_name("tvm_ffi_job.py")  # tvm_ffi.cpp.load_inline
 REPO = Path(__file__).resolve().parent.parent
 
 

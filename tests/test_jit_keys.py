@@ -107,3 +107,61 @@ def test_input_files_are_keyed_by_content(tmp_path: Path) -> None:
     _, parts = _key(tmp_path)
     digest = hashlib.sha256(b"int f() { return 1; }\n").hexdigest()
     assert parts["step0.input0"][0] == digest
+
+
+# ---- included headers (kcache.jit_headers, through kcache.ninja_builds) ----------------------------
+
+
+def _checkout(root: Path, value: int = 2) -> Path:
+    """A user's sources: ext.cpp includes "kc_scale.h" beside it, which includes
+    "include/kc_value.h"; <vector> and <pinned/api.h> come from dirs the key covers otherwise."""
+    (root / "src" / "include").mkdir(parents=True)
+    (root / "pinned" / "pinned").mkdir(parents=True)
+    (root / "src" / "ext.cpp").write_text('#include <vector>\n#include <pinned/api.h>\n  #  include "kc_scale.h"\nint f() { return SCALE; }\n')
+    (root / "src" / "kc_scale.h").write_text('#pragma once\n#include "include/kc_value.h"\n#define SCALE KC_VALUE\n')
+    (root / "src" / "include" / "kc_value.h").write_text(f"#define KC_VALUE {value}\n")
+    (root / "pinned" / "pinned" / "api.h").write_text("int api();\n")
+    return root
+
+
+def _ninja_key(root: Path) -> tuple[str, dict[str, tuple[str, str]]]:
+    from kcache.ninja_builds import build_key_of
+
+    build = root / "home" / ".cache" / "ext"
+    build.mkdir(parents=True)
+    (build / "build.ninja").write_text(
+        "ninja_required_version = 1.3\ncxx = c++\n"
+        f"cflags = -O2 -isystem {root}/pinned\n"
+        "rule compile\n  command = $cxx -MMD -MF $out.d $cflags -c $in -o $out\n"
+        f"build ext.o: compile {root}/src/ext.cpp\n"
+        "build ext.so: link ext.o\ndefault ext.so\n"
+    )
+    built = build_key_of("cpp-extension", str(build), [(str(root / "pinned"), "<pinned>")], [str(root / "pinned")], ENV)
+    return built.key, dict(built.parts)
+
+
+def test_included_headers_are_keyed_by_content_not_path(tmp_path: Path) -> None:
+    key, parts = _ninja_key(_checkout(tmp_path / "a"))
+    assert [n for n in parts if n.startswith("header[")] == ["header[kc_scale.h]", "header[include/kc_value.h]"]
+    assert parts["header[include/kc_value.h]"][0] == hashlib.sha256(b"#define KC_VALUE 2\n").hexdigest()
+    assert _ninja_key(_checkout(tmp_path / "elsewhere" / "b"))[0] == key  # another checkout, same content
+    edited, edited_parts = _ninja_key(_checkout(tmp_path / "c", value=3))
+    assert edited != key
+    stored = from_parts("jit", key, parts).components
+    assert [c.name for c in diff(stored, from_parts("jit", edited, edited_parts).components)] == ["header[include/kc_value.h]"]
+
+
+def test_a_header_included_twice_or_in_a_cycle_is_read_once(tmp_path: Path) -> None:
+    from kcache.jit_headers import SearchPath, included_headers
+
+    (tmp_path / "a.h").write_text('#include "b.h"\n#include "a.h"\n')
+    (tmp_path / "b.h").write_text('#include "a.h"\n#include "missing.h"\n')
+    (tmp_path / "x.cpp").write_text('#include "a.h"\n#include "b.h"\n')
+    assert [n for n, _ in included_headers([str(tmp_path / "x.cpp")], SearchPath(), [])] == ["a.h", "b.h"]
+
+
+def test_the_search_path_follows_the_compiler_flags() -> None:
+    from kcache.jit_headers import search_path
+
+    found = search_path(["-I/a", "-I", "/b", "-isystem", "/c", "-iquote", "/q", "-Irelative", "-idirafter", "/d", "-I/a"])
+    assert list(found.quote) == ["/q"] and list(found.angle) == ["/a", "/b", "/c", "/d"]

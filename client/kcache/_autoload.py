@@ -4,8 +4,9 @@ It must cost next to nothing when kcache is not wanted: with ``KCACHE_URL`` unse
 after one dict lookup. With it set, it adds an import hook that installs kcache right after
 ``torch._inductor.triton_bundler`` is first imported (i.e. when Inductor is used), so scripts
 that never compile pay nothing more and no torch import is triggered early; and one that starts
-kcache's runtime with only its extension JIT hooks right after ``torch.utils.cpp_extension`` is
-imported (jobs that build torch extensions without Inductor; no Inductor module is imported).
+kcache's runtime with only its extension JIT hooks right after ``torch.utils.cpp_extension`` or
+``tvm_ffi.cpp.extension`` is imported (jobs that build extensions without Inductor; no Inductor
+module is imported).
 """
 
 from __future__ import annotations
@@ -24,8 +25,10 @@ if TYPE_CHECKING:  # annotations only: at start-up, importlib.abc (importlib.res
 
 TRIGGER = "torch._inductor.triton_bundler"
 TRITON_COMPILER = "triton.compiler.compiler"  # where Triton computes its cache keys
-# torch's extension JIT (load/load_inline): jobs that build extensions without Inductor.
+# torch's extension JIT (load/load_inline) and tvm-ffi's (FlashInfer's builder): jobs that build
+# extensions without Inductor.
 EXTENSIONS = "torch.utils.cpp_extension"
+TVM_FFI_EXTENSIONS = "tvm_ffi.cpp.extension"
 
 
 class _Trigger:  # a meta path finder (the protocol, not the importlib.abc base class: see above)
@@ -83,10 +86,10 @@ def _refuse(_module: ModuleType) -> None:
     settings_or_off()
 
 
-def _activate_extensions(cpp_extension: ModuleType) -> None:
+def _activate_extensions(extension: ModuleType) -> None:
     from kcache.activation import activate_extensions
 
-    activate_extensions(cpp_extension)
+    activate_extensions(extension)
 
 
 def _record_kernel_keys(compiler: ModuleType) -> None:
@@ -135,8 +138,9 @@ def _main() -> None:
         # ``import torch`` is exactly the concurrency this hook must not add. The prefetch
         # thread the runtime starts then only moves bytes.
         _start_prefetch()
-    if EXTENSIONS not in sys.modules:
-        sys.meta_path.insert(0, _Trigger(EXTENSIONS, _activate_extensions))
+    for extensions in (EXTENSIONS, TVM_FFI_EXTENSIONS):
+        if extensions not in sys.modules:
+            sys.meta_path.insert(0, _Trigger(extensions, _activate_extensions))
     if TRIGGER in sys.modules:
         from kcache.activation import autoactivate
 

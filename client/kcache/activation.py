@@ -57,6 +57,7 @@ def _activate(config: ClientConfig, overrides: dict[str, Any]) -> bool:
         from kcache import kernel_key_parts
 
         kernel_key_parts.install()
+    _serve_tvm_ffi(config)  # hooked when tvm_ffi.cpp.extension is imported; nothing imported here
     if "torch" in sys.modules or importlib.util.find_spec("torch") is not None:
         with guard("could not hook TritonBundler"):
             from kcache.bundler_hooks import install_bundler_hooks
@@ -105,15 +106,28 @@ def _serve_torch_extensions(config: ClientConfig, module: ModuleType | None = No
             torch_extensions.install(module)
 
 
-def activate_extensions(cpp_extension: ModuleType) -> bool:
-    """What a process that builds torch extensions but may never use Inductor needs (the
-    ``.pth`` calls it right after ``torch.utils.cpp_extension``'s code ran): the runtime and the
-    extension hooks, none of Inductor's modules imported."""
+def _serve_tvm_ffi(config: ClientConfig, module: ModuleType | None = None) -> None:
+    with guard("could not serve tvm-ffi's JIT"):
+        from kcache import tvm_ffi_jit
+        from kcache.jit_layer import LAYER as JIT_LAYER
+
+        if JIT_LAYER in selected_layers(config.layers):
+            tvm_ffi_jit.install(module)
+
+
+def activate_extensions(extension: ModuleType) -> bool:
+    """What a process that builds JIT extensions (``torch.utils.cpp_extension`` or
+    ``tvm_ffi.cpp.extension``) but may never use Inductor needs (the ``.pth`` calls it right after
+    that module's code ran): the runtime and that builder's hooks, none of Inductor's modules
+    imported."""
     config = ClientConfig.from_env()
     if not config.enabled:
         return False
     ensure_runtime(config)
-    _serve_torch_extensions(config, cpp_extension)
+    if extension.__name__ == "tvm_ffi.cpp.extension":
+        _serve_tvm_ffi(config, extension)
+    else:
+        _serve_torch_extensions(config, extension)
     return True
 
 
@@ -134,6 +148,10 @@ def deactivate() -> None:
         from kcache import torch_extensions
 
         torch_extensions.uninstall()
+    if "kcache.tvm_ffi_jit" in sys.modules:
+        from kcache import tvm_ffi_jit
+
+        tvm_ffi_jit.uninstall()
     patching.restore_all()
     if os.environ.get("TRITON_CACHE_MANAGER") == TRITON_MANAGER:
         del os.environ["TRITON_CACHE_MANAGER"]

@@ -10,6 +10,8 @@ keyed by the build's content instead:
   and the dirs of the Python install, torch, site-packages, the builder's cache dir and ``HOME``
   are named, not spelled (``-I<torch>/include``); any other path stays as written (a miss at
   worst, never a wrong hit);
+* files the build reads that no command line names, by their sha256 (the headers the sources
+  include: :mod:`kcache.jit_headers`);
 * the compiler's identity (its ``-v`` banner: version, target, configuration; not where it lives),
   the environment variables the compiler reads paths from, if set;
 * the machine: the CPU (vendor, family, model, ISA flags: builders compile with ``-march=native``),
@@ -200,9 +202,11 @@ def normalise_step(step: Step, names: PathNames, built: Mapping[str, str]) -> tu
 
 
 def build_key(adapter: str, steps: Sequence[Step], names: PathNames, environment: Mapping[str, str | None],
-              banner: Callable[[str], str] | None = None, compilers: Sequence[str] | None = None) -> BuildKey:
+              banner: Callable[[str], str] | None = None, compilers: Sequence[str] | None = None,
+              contents: Sequence[tuple[str, str]] = ()) -> BuildKey:
     """The content key of a build of ``steps`` (in order; the last writes the artifact), run by
-    ``compilers`` (by default the first word of each step)."""
+    ``compilers`` (by default the first word of each step). ``contents``: ``(part name, sha256)``
+    of files the build reads that its command lines do not name (included headers)."""
     parts: dict[str, tuple[str, str]] = {}
 
     def part(name: str, value: str, digest: str | None = None) -> None:
@@ -220,6 +224,8 @@ def build_key(adapter: str, steps: Sequence[Step], names: PathNames, environment
         first = shlex.split(step.command)[:1] if compilers is None else []
         if first and first[0] not in found:
             found.append(first[0])
+    for name, digest in contents:
+        part(name, digest, digest)
     for compiler in found:
         part(f"compiler[{os.path.basename(compiler)}]", compiler_identity(compiler, banner))
     for var in COMPILER_ENV:

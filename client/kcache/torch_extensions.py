@@ -7,10 +7,11 @@ torch builds such an extension with ninja in ``TORCH_EXTENSIONS_DIR`` or
 ``<name><LIB_EXT>`` from there (``_import_module_from_library``). Ninja decides what to rebuild from
 its log and the files' mtimes in that dir, so a fresh node (another ``HOME``) compiles everything.
 
-kcache keys the build by its content: the ``build.ninja`` torch just wrote (every flag torch and the
-user chose, the compilers, the rules), its paths named (the build dir, torch, the Python install,
-``HOME``) and each source file by its sha256 (:mod:`kcache.jit_keys`), the compilers' identity, the
-CPU, the C library, the Python ABI and the environment fingerprint. Hooks, each torch's original
+kcache keys the build by its content (:mod:`kcache.ninja_builds`): the ``build.ninja`` torch just
+wrote (every flag torch and the user chose, the compilers, the rules), its paths named (the build
+dir, torch, the Python install, ``HOME``), each source file and each header the sources include by
+its sha256 (torch's own headers by torch's version), the compilers' identity, the CPU, the C
+library, the Python ABI and the environment fingerprint. Hooks, each torch's original
 called unguarded and kcache's part inside one fail-open guard:
 
 * ``_write_ninja_file_and_build_library``: marks the build (its name and dir) for the hook below.
@@ -21,10 +22,7 @@ called unguarded and kcache's part inside one fail-open guard:
   counted, said once, and ninja builds it.
 
 A library that kcache wrote has no object files or ninja log beside it: a later run without kcache
-lets ninja rebuild it, as on a fresh node. Headers the sources include are not hashed: they are
-named by their dirs (torch's, the Python install's: fixed by torch's version and the environment),
-and a user include dir outside those stays in the key as written; an edited user header with
-unchanged sources and flags is the one change the key cannot see (ninja's depfiles do).
+lets ninja rebuild it, as on a fresh node.
 """
 
 from __future__ import annotations
@@ -32,7 +30,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import re
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -53,8 +50,6 @@ ADAPTER = "cpp-extension"
 MODULE = "torch.utils.cpp_extension"
 TARGET = "target"
 _WRAPPED = ("_write_ninja_file_and_build_library", "_run_ninja_build", "_import_module_from_library")
-# build.ninja's tool variables (torch writes "cxx = c++", "nvcc = /usr/local/cuda/bin/nvcc", ...)
-_TOOL = re.compile(r"^(cxx|nvcc|sycl|hipcc)\s*=\s*(\S.*)$")
 _ELF = b"\x7fELF"
 
 
@@ -122,17 +117,13 @@ def _wrap_write(original: Callable[..., Any]) -> Callable[..., Any]:
 
 def _build_key(build_directory: str) -> BuildKey:
     from kcache import fingerprint
-    from kcache.jit_keys import PathNames, Step, build_key
+    from kcache.ninja_builds import build_key_of
 
-    with open(os.path.join(build_directory, "build.ninja"), encoding="utf-8") as f:
-        lines = [ln.rstrip() for ln in f if ln.strip() and not ln.lstrip().startswith("#")]
-    compilers = [m.group(2).strip() for ln in lines if (m := _TOOL.match(ln))]
     torch = imported("torch")
     torch_dir = os.path.dirname(getattr(torch, "__file__", "") or "")
-    names = PathNames([(build_directory, "<build>"), *([(torch_dir, "<torch>")] if torch_dir else [])])
-    # Each line a part of the key: `kcache explain` names the lines that differ.
-    steps = [Step(line, os.path.join(build_directory, "build.ninja")) for line in lines]
-    return build_key(ADAPTER, steps, names, fingerprint.current().model_dump(), compilers=compilers)
+    named = [(torch_dir, "<torch>")] if torch_dir else []
+    # torch's headers are fixed by torch's version (in the fingerprint): not read.
+    return build_key_of(ADAPTER, build_directory, named, [torch_dir] if torch_dir else [], fingerprint.current().model_dump())
 
 
 def _a_library(files: Mapping[str, bytes]) -> None:
