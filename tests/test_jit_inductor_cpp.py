@@ -6,7 +6,8 @@ job (``kcache_testkit/cpu_jit_job.py``) as fresh interpreters on user-like nodes
 Node A compiles cold and uploads its C++ modules and ISA probe libraries, signed; node B, fresh,
 runs no compiler at all (only the version probes torch's toolchain detection makes on every
 node) and gets what a node with A's cache dirs copied in and kcache off gets. A damaged entry, on
-the service or in a node's local tier, is a miss: the job compiles and gets the same result.
+the service or in a node's local tier, is a miss: the job compiles and gets the same result (one
+damaged on the service is quarantined for every node besides).
 """
 
 from __future__ import annotations
@@ -112,7 +113,9 @@ def test_a_damaged_entry_on_the_service_is_a_miss(fleet: Fleet) -> None:
     assert c.out == fleet.a.out
     assert c.builds, "the job compiles what kcache refused"
     jit_layer = c.layer("jit")
-    assert jit_layer["hits"] == 0 and jit_layer["error_kinds"] == {"invalid_entry": len(keys)}, jit_layer
+    # Each one refused and quarantined for every node (the container check is the same everywhere).
+    assert jit_layer["hits"] == 0 and jit_layer["error_kinds"] == {"invalid_entry": len(keys), "quarantined": len(keys)}, jit_layer
+    assert all(fleet.client("damaged").quarantine_info("jit", key).reason.startswith("damaged:") for key in keys)
     assert c.layer("fx-graph")["hits"] == 1  # the rest of the fleet's cache still serves
 
 

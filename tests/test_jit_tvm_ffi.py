@@ -1,8 +1,9 @@
 """The ``jit`` layer's adapter for tvm-ffi's JIT (kcache.tvm_ffi_jit, FlashInfer's builder) end to
 end: a ``tvm_ffi.cpp.load_inline`` module (``kcache_testkit/tvm_ffi_job.py``) built with ninja by
 node A in its ``HOME``; node B (another ``HOME``: another build dir, no ninja log, other mtimes)
-loads it with no compiler run (a ``PATH`` shim records every one) and the same result. A library
-that does not load is built by ninja.
+loads it with no compiler run (a ``PATH`` shim records every one) and the same result. A damaged
+entry is a miss: from the service, it is quarantined for every node; in a node's local tier, it
+is dropped and the service's whole copy is used. A library that does not load is built by ninja.
 
 tvm-ffi is in the dev extra (a 3.3 MB wheel); without it (a client-only install) these skip."""
 
@@ -71,6 +72,13 @@ def _kcache_lines(run: JobRun) -> list[str]:
     return [ln for ln in run.stderr.splitlines() if "kcache:" in ln]
 
 
+def _damaged(payload: bytes) -> bytes:
+    """The container with its library's last byte flipped: its sha256 no longer matches."""
+    damaged = bytearray(payload)
+    damaged[-1] ^= 0xFF
+    return bytes(damaged)
+
+
 def test_node_a_builds_with_ninja_and_uploads_the_module(fleet: Fleet) -> None:
     assert any("-shared" in call for call in fleet.a.builds), fleet.a.builds  # ninja compiled and linked
     assert fleet.a.out == [17.0, 11.0]
@@ -88,6 +96,35 @@ def test_another_home_loads_it_without_a_compiler(fleet: Fleet) -> None:
     assert not _kcache_lines(b), _kcache_lines(b)
     print(f"\ntvm_ffi.cpp.load_inline (s): node A {fleet.a.first_call_s:.2f} ({len(fleet.a.builds)} compiler builds), "
           f"node B {b.first_call_s:.3f} ({len(b.calls)} compiler runs)")
+
+
+def test_a_damaged_entry_from_the_service_is_quarantined_for_every_node(fleet: Fleet) -> None:
+    key, namespace = fleet.key(), "damaged"
+    fleet.client(namespace).put_entry("jit", key, _damaged(fleet.payload()))  # a producer's bad upload
+    c = run_job(Node(fleet.root / "c"), job=TVM_FFI_JOB, KCACHE_URL=fleet.service.url, KCACHE_NAMESPACE=namespace)
+    assert c.out == fleet.a.out
+    assert any("-shared" in call for call in c.builds), "ninja built what kcache refused"
+    layer = c.layer("jit")
+    assert layer["hits"] == 0 and layer["error_kinds"] == {"invalid_entry": 1, "quarantined": 1}, layer
+    assert layer["puts"] == 0  # what it built is not offered under a quarantined key
+    assert any("quarantined for every node" in ln for ln in _kcache_lines(c)), c.stderr[-2000:]
+    info = fleet.client(namespace).quarantine_info("jit", key)
+    assert info.reason.startswith("damaged:") and info.entry is not None
+    with pytest.raises(Exception, match="quarantined"):
+        fleet.client(namespace).get_entry("jit", key)  # no other node receives it
+
+
+def test_a_damaged_local_copy_is_dropped_and_the_service_serves(fleet: Fleet) -> None:
+    """A node's own disk damaged the copy: the service's is whole, so nothing is quarantined."""
+    node = Node(fleet.root / "d")
+    local = ClientConfig(url=fleet.service.url, local_dir=str(node.home / ".cache" / "kcache" / "client")).local_store()
+    local.put("jit", fleet.key(), _damaged(fleet.payload()))
+    d = run_job(node, job=TVM_FFI_JOB, KCACHE_URL=fleet.service.url)  # not verifying: the damage is the container's
+    assert d.builds == [], d.builds
+    assert d.out == fleet.a.out
+    layer = d.layer("jit")
+    assert layer["hits"] == 1 and layer["error_kinds"] == {"invalid_entry": 1}, layer
+    assert fleet.client().get_entry("jit", fleet.key())  # still served
 
 
 def test_a_library_that_does_not_load_is_built_by_ninja(fleet: Fleet) -> None:

@@ -158,6 +158,45 @@ def test_runtime_quarantine_reports_what_it_handed_over(live_service, tmp_path: 
         other.close()
 
 
+def test_a_damaged_service_copy_is_quarantined_a_damaged_local_one_only_dropped(live_service, tmp_path: Path) -> None:
+    """``get_entry(..., quarantine_invalid=True)`` (the ``jit`` layer's, whose check is the
+    content's own sizes and sha256): a copy the service sends that ``validate`` refuses is
+    quarantined with the sha256 of those bytes; a refused local copy is dropped and the service's
+    whole copy served, nothing quarantined."""
+    from kcache.config import ClientConfig
+    from kcache.runtime import Runtime
+
+    def validate(data: bytes) -> None:
+        if not data.startswith(b"whole"):
+            raise ValueError("size or sha256 does not match")
+
+    def runtime(name: str) -> Runtime:
+        return Runtime(ClientConfig.from_env(url=live_service.url, local_dir=str(tmp_path / name), mode="readwrite"))
+
+    whole, damaged = "jit-test:whole", "jit-test:damaged"
+    producer = runtime("producer")
+    producer.put_entry("jit", whole, b"whole bytes", now=True)
+    producer.put_entry("jit", damaged, b"flipped bytes", now=True)
+    producer.close()
+
+    rt = runtime("node")
+    try:
+        rt.local.put("jit", whole, b"flipped on this node's disk")
+        assert rt.get_entry("jit", whole, validate=validate, quarantine_invalid=True) == b"whole bytes"
+        assert rt.get_entry("jit", damaged, validate=validate, quarantine_invalid=True) is None
+        counts = rt.stats.snapshot()["jit"]
+        assert counts.hits == 1 and counts.error_kinds == {"invalid_entry": 2, "quarantined": 1}
+        assert rt.client is not None
+        info = rt.client.quarantine_info("jit", damaged)
+        assert info.reason.startswith("damaged: size or sha256") and info.entry is not None
+        assert info.entry.sha256 == hashlib.sha256(b"flipped bytes").hexdigest()
+        with pytest.raises(Exception, match="quarantined"):
+            rt.client.get_entry("jit", damaged)  # no node receives it
+        assert rt.client.get_entry("jit", whole)[0] == b"whole bytes"  # one node's disk took nothing out of service
+    finally:
+        rt.close()
+
+
 def test_inspect_shows_a_quarantined_entry(live_service, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from kcache.cli import main
     from kcache.config import ClientConfig

@@ -1,6 +1,7 @@
 """The ``jit`` layer: native modules that JIT builders compile, served under content keys.
 
-One layer, one adapter per builder (``kcache.inductor_cpp``: Inductor's own C++ builds). An
+One layer, one adapter per builder (``kcache.inductor_cpp``: Inductor's own C++ builds;
+``kcache.torch_extensions``: torch's cpp_extension; ``kcache.tvm_ffi_jit``: tvm-ffi's JIT). An
 adapter computes the content key of a build (:mod:`kcache.jit_keys`), asks :func:`fetch` before
 the builder runs the compiler, writes what it gets where the builder looks with
 :func:`install_file`, and hands what the builder compiled to :func:`upload`.
@@ -10,7 +11,8 @@ prefetch, the service; signed entries checked before a byte is used: the bytes a
 loaded into the process, like ``triton-module`` host modules), then through the container's own
 check (every file's size and sha256, :mod:`kcache_schemas.jit`), before anything is written. An
 entry that is refused, or that the builder then cannot load (:func:`refuse`), is a miss: counted as
-an error, warned about once, dropped from the local tier, and the builder compiles.
+an error, warned about once, dropped from the local tier, and the builder compiles; one the
+service sent damaged is quarantined for every node besides (:func:`fetch`).
 """
 
 from __future__ import annotations
@@ -54,7 +56,9 @@ def _serves_jit(layers: str | None) -> bool:
 def fetch(rt: Runtime, key: str, adapter: str, accept: Callable[[Mapping[str, bytes]], None] | None = None) -> Mapping[str, bytes] | None:
     """The files of ``key``'s entry, verified (a malformed or damaged one, or one ``accept``
     raises ValueError for, is refused by :meth:`Runtime.get_entry`: an error, not a hit); None on
-    a miss or a refusal."""
+    a miss or a refusal. A damaged local copy is dropped and the service asked; a damaged copy
+    from the service is also quarantined (:meth:`Runtime.quarantine`): the container's sizes and
+    sha256 and the file checks are the same on every node, so no node will get it again."""
 
     def check(data: bytes) -> None:
         found = artifact.decode(data)
@@ -63,13 +67,15 @@ def fetch(rt: Runtime, key: str, adapter: str, accept: Callable[[Mapping[str, by
         if accept is not None:
             accept(found.files)
 
-    data = rt.get_entry(LAYER, key, validate=check)
+    data = rt.get_entry(LAYER, key, validate=check, quarantine_invalid=True)
     return artifact.decode(data).files if data is not None else None
 
 
 def refuse(rt: Runtime, key: str, why: str) -> None:
-    """An entry kcache must not use (malformed, or the builder could not load it): counted,
-    said once, and dropped from the local tier so the next process asks the service again."""
+    """An entry that passed every check and that the builder could not load here: counted, said
+    once, and dropped from the local tier so the next process asks the service again. Not
+    quarantined: the bytes are the producer's, whole, and a library that does not load on this
+    node (a shared library it links missing here) may load on the others."""
     rt.stats.error(LAYER, "refused")
     rt.stats.verify("refused", f"{LAYER}: {why[:200]}")
     warn_once(f"refused a {LAYER} entry ({why}); the builder compiles it")

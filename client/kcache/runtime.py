@@ -255,11 +255,16 @@ class Runtime:
 
     # ---- opaque entries -------------------------------------------------------------------
 
-    def get_entry(self, layer: str, key: str, validate: Callable[[bytes], object] | None = None) -> bytes | None:
+    def get_entry(self, layer: str, key: str, validate: Callable[[bytes], object] | None = None,
+                  quarantine_invalid: bool = False) -> bytes | None:
         """Local tier, then a promised prefetch, then the service. With signing configured, only
         what a trusted key signed gets through (see :mod:`kcache.signing`), before any caller
         (Inductor's unpickler, Triton's module loader) sees a byte. ``validate(payload)`` raising
-        ValueError refuses the entry the same way (counted as an error, not a hit)."""
+        ValueError refuses the entry the same way (counted as an error, not a hit); with
+        ``quarantine_invalid``, a service copy it refuses is also quarantined (:meth:`quarantine`:
+        for layers whose ``validate`` checks the content itself, so that a refusal means the
+        stored bytes are damaged for every node, not that this node differs). A damaged local
+        copy is only dropped: the service's may be whole."""
         if (layer, key) in self.quarantined:
             self.stats.miss(layer, "quarantined")
             return None
@@ -279,7 +284,7 @@ class Runtime:
                         # changed: drop it, the service may hold a better one (or refuse it the same).
                         refused = opened
                         self.local.discard(layer, key)
-                    elif self._invalid(layer, key, opened, validate):
+                    elif self._invalid(layer, key, opened, validate) is not None:
                         self.local.discard(layer, key)  # a damaged copy: the service's may be whole
                     else:
                         data = opened
@@ -298,7 +303,9 @@ class Runtime:
                         self._refused(layer, opened)
                         return None
                     data = opened
-                    if self._invalid(layer, key, data, validate):
+                    if (why := self._invalid(layer, key, data, validate)) is not None:
+                        if quarantine_invalid:
+                            self.quarantine(layer, key, why, stored)
                         return None
                     # Off the compile thread (max-autotune FX entries run to hundreds of MB); not
                     # a daemon, so the interpreter lets the (atomic) write finish at exit. The
@@ -313,25 +320,27 @@ class Runtime:
             self.used_entries.add((layer, key))
         return data
 
-    def quarantine(self, layer: str, key: str, reason: str) -> None:
-        """An entry this process handed over that torch (or Triton) could not load: the job goes
-        on as on a miss (the caller's part), and here the entry is dropped from the local tier,
-        counted (an error and a ``quarantined`` finding, with the reason), said once, never
-        served or uploaded again by this process, and reported to the service, which then
-        serves it to no node (any mode but off: a report is not an upload; a token without
-        write scope is refused and counted). Never raises."""
+    def quarantine(self, layer: str, key: str, reason: str, stored: bytes | None = None) -> None:
+        """An entry this process handed over that torch (or Triton) could not load, or one that
+        arrived damaged (``stored``: the bytes as the service sent them, when the local tier does
+        not hold them): the job goes on as on a miss (the caller's part), and here the entry is
+        dropped from the local tier, counted (an error and a ``quarantined`` finding, with the
+        reason), said once, never served or uploaded again by this process, and reported to the
+        service, which then serves it to no node (any mode but off: a report is not an upload; a
+        token without write scope is refused and counted). Never raises."""
         with self._lock:
             self.quarantined.add((layer, key))
             self.used_entries.discard((layer, key))  # not for the workload's next prefetch
         # The report names the stored bytes that failed (the local tier holds what was handed
         # over, as stored), so the service leaves other content under the key alone: hashed
         # here, not on every hit (FX entries run to hundreds of MB).
-        stored = self.local.get(layer, key)
+        if stored is None:
+            stored = self.local.get(layer, key)
         sha256 = hashlib.sha256(stored).hexdigest() if stored is not None else None
         self.local.discard(layer, key)
         self.stats.error(layer, "quarantined")
         self.stats.verify("quarantined", f"{layer}: {reason}")
-        warn_once(f"torch could not load a {layer} entry kcache supplied ({reason[:200]}); it compiles as on a miss, "
+        warn_once(f"a {layer} entry kcache supplied could not be used ({reason[:200]}); it compiles as on a miss, "
                   "and the entry is quarantined for every node")
         client = self.client
         if client is None:
@@ -347,17 +356,18 @@ class Runtime:
         except Exception as exc:
             self._unexpected(layer, exc)
 
-    def _invalid(self, layer: str, key: str, data: bytes, validate: Callable[[bytes], object] | None) -> bool:
+    def _invalid(self, layer: str, key: str, data: bytes, validate: Callable[[bytes], object] | None) -> str | None:
+        """Why ``validate`` refuses ``data`` (counted, said once), or None."""
         if validate is None:
-            return False
+            return None
         try:
             validate(data)
         except ValueError as exc:
             warn_once(f"refused a {layer} entry: {exc}")
             self.stats.error(layer, "invalid_entry")
             self.stats.verify("refused", f"{layer}: {str(exc)[:160]}")
-            return True
-        return False
+            return f"damaged: {str(exc)[:200]}"
+        return None
 
     def _open(self, layer: str, key: str, stored: bytes) -> bytes | SignatureError:
         """The payload of a stored entry, or why it must not be used."""
