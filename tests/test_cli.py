@@ -6,6 +6,7 @@ setting (README, "CLI")."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import socket
 import subprocess
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import tomllib
 from kcache import __version__
 from kcache.cli import main
 from kcache.stats import Stats, write_stats
@@ -49,6 +51,37 @@ def cache_dir(tmp_path: Path, real_kernel_dirs: list[Path]) -> Path:
     for d in real_kernel_dirs:
         shutil.copytree(d, root / d.name)
     return root
+
+
+# ---- 0. names a user can install -----------------------------------------------------------------
+
+REPO = Path(__file__).resolve().parent.parent
+# PyPI's `kcache` is an unrelated project; ours are not published yet: a doc that tells a user to
+# install one of our names from the registry sends them to the wrong package or to an error.
+OUR_NAMES = re.compile(r"^['\"]?kcache(-server|-client)?(\[[a-z0-9,]+\])?['\"]?$")
+
+
+def test_no_doc_or_message_installs_our_names_from_the_registry() -> None:
+    """Before: ``kcache serve`` said ``pip install kcache`` (PyPI's unrelated 0.0.3), the docs
+    ``pip install 'kcache-client[signing]'`` (no such distribution) and ``'kcache[s3]'``."""
+    server = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["name"]
+    client = tomllib.loads((REPO / "client" / "pyproject.toml").read_text())["project"]["name"]
+    assert (server, client) == ("kcache-server", "kcache-client")
+    docs = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "bench" / "README.md"]
+    sources = sorted((REPO / "client").rglob("*.py")) + sorted((REPO / "service").rglob("*.py")) + sorted((REPO / "schemas").rglob("*.py"))
+    wrong = []
+    for path in docs + sources:
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            for command in line.split("pip install ")[1:]:
+                args = re.split(r"&&|;|#|`|\(|\)|\|", command)[0].split()
+                if "@" not in args and any(OUR_NAMES.match(arg) for arg in args):  # `name @ git+URL`: not the registry
+                    wrong.append(f"{path.relative_to(REPO)}:{n}: {line.strip()}")
+    assert wrong == []
+    from kcache.cli import SERVER_INSTALL_HINT
+
+    assert "not on PyPI yet" in SERVER_INSTALL_HINT and "pip install <checkout>" in SERVER_INSTALL_HINT
+    readme = (REPO / "README.md").read_text()
+    assert "pip install -e . && kcache serve" in readme and "PyPI's `kcache` is an **unrelated project**" in readme
 
 
 # ---- 1. mistakes pass silently ------------------------------------------------------------------

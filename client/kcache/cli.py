@@ -93,21 +93,24 @@ def hit_rate_bar(raw: str) -> float:
 
 
 SERVE_ENTRY_POINTS = "kcache.serve"
+# Not on PyPI yet, and PyPI's `kcache` is an unrelated project: a hint names a checkout, never the registry.
+SERVER_INSTALL_HINT = "install kcache-server from a kcache checkout: pip install <checkout> (not on PyPI yet; PyPI's 'kcache' is another project)"
 
 
 def _serve(args: argparse.Namespace) -> int:
-    """Run the service found through the ``kcache.serve`` entry point (the ``kcache`` distribution
-    declares it; the client-only ``kcache-client`` does not): the client never imports it."""
+    """Run the service found through the ``kcache.serve`` entry point (the ``kcache-server``
+    distribution declares it; the client-only ``kcache-client`` does not): the client never
+    imports it."""
     from importlib.metadata import entry_points
 
     found = list(entry_points(group=SERVE_ENTRY_POINTS))
     try:
         serve = found[0].load() if found else None
     except ImportError as exc:
-        print(f"kcache serve: the service is installed but {exc.name} is missing: pip install kcache", file=sys.stderr)
+        print(f"kcache serve: the service is installed but {exc.name} is missing: pip install {exc.name}, or {SERVER_INSTALL_HINT}", file=sys.stderr)
         return 2
     if serve is None:
-        print("kcache serve needs the service, which this install lacks (kcache-client is the client alone): pip install kcache", file=sys.stderr)
+        print(f"kcache serve needs the service, which this install lacks (kcache-client is the client alone): {SERVER_INSTALL_HINT}", file=sys.stderr)
         return 2
     serve({"host": args.host, "port": args.port, "data_dir": args.data_dir, "workers": args.workers, "log_level": args.log_level})
     return EXIT_OK
