@@ -6,11 +6,14 @@ setting (README, "CLI")."""
 
 from __future__ import annotations
 
+import base64
+import json
 import re
 import shutil
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import httpx
@@ -145,6 +148,56 @@ def test_fail_under_reads_80_percent_80_and_0_8_alike_and_refuses_out_of_range(c
     for bad, says in (("150", "within 0-100 %"), ("101%", "within 0-100 %"), ("-5%", "within 0-100 %"), ("most", "is not a hit rate")):
         rc, _, err = cli(capsys, "stats", "--file", str(most), f"--fail-under={bad}")
         assert rc == 2 and says in err, (bad, err)
+
+
+# ---- 1b. numbers that mislead -------------------------------------------------------------------
+
+
+def test_compile_time_saved_is_the_largest_layer_not_the_sum_of_nested_layers(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """Before: "Compile time saved (est.) 15.9 s" where the first call went from 17.24 to 10.70 s:
+    an AOTAutograd entry's recorded time covers its FX graphs', which covers their kernels', and
+    the report added the three up."""
+    s = Stats()
+    s.hit("aot-autograd", 100, 8.0)
+    s.hit("fx-graph", 100, 5.5)
+    for _ in range(5):
+        s.hit("kernel", 10, 5.5 / 5)  # the graph's compile time shared among its kernels
+    path = tmp_path / "nested.json"
+    write_stats(path, s.document(run_id="r"))
+    rc, out, _ = cli(capsys, "stats", "--file", str(path))
+    assert rc == 0
+    assert re.search(r"Compile time saved \(est\.\)\s+8\.0 s", out) and "19.0 s" not in out, out
+    assert "layers nest" in out
+    table = out.split("Per layer", 1)[1]
+    assert re.search(r"aot-autograd .* 8\.0\n", table) and re.search(r"fx-graph .* 5\.5\n", table)  # each layer's own credit stays
+    rc, out, _ = cli(capsys, "stats", "--file", str(path), "--format", "json")
+    assert json.loads(out)["totals"]["saved_s"] == 8.0
+
+
+def test_a_hit_credits_the_same_saved_time_from_the_service_and_from_the_local_tier(live_service, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Before: the same hit credited 15.9 s in one run (from the service, whose header carries the
+    producer's time) and 0.0 s in the next (from the node's local tier, which has no header)."""
+    from kcache import fx_graph_entries
+    from kcache.config import ClientConfig
+    from kcache.runtime import Runtime
+
+    inductor_json = json.dumps({"data": base64.b64encode(b"graph").decode(), "time_taken_ms": 4200}).encode()
+    entries = {"fx-graph": fx_graph_entries.encode(inductor_json), "aot-autograd": inductor_json}
+    producer = Runtime(ClientConfig(url=live_service.url, local_dir=str(tmp_path / "producer")))
+    for layer, data in entries.items():
+        assert data is not None
+        producer.put_entry(layer, f"pt2:{layer}::k:c1", data, 4.2, now=True)
+    producer.close()
+    credited = []
+    for _ in range(2):  # the first from the service, the second from the node's local tier
+        rt = Runtime(ClientConfig(url=live_service.url, local_dir=str(tmp_path / "node")))
+        for layer in entries:
+            assert rt.get_entry(layer, f"pt2:{layer}::k:c1") is not None
+        for writer in [th for th in threading.enumerate() if th.name == "kcache-local-put"]:
+            writer.join()  # the fetched entries' local copies
+        credited.append({layer: c.saved_s for layer, c in rt.stats.snapshot().items()})
+        rt.close()
+    assert credited == [{"fx-graph": 4.2, "aot-autograd": 4.2}] * 2
 
 
 # ---- 2. destructive gc safety ------------------------------------------------------------------

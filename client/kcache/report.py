@@ -124,6 +124,8 @@ def summary_line(doc: StatsDocument) -> str:
 
 # ---- formats -------------------------------------------------------------------------------------
 
+SAVED_NOTE = ("  (est.: the compile time the producers recorded, of the layer that saved most: layers nest, an\n"
+              "  AOTAutograd entry's time covers its FX graphs' and their kernels', so they are not added up)")
 _COLUMNS = ("hits", "misses", "errors", "lookups", "hit rate", "puts", "put errors", "down", "up", "kcache s", "saved s")
 
 
@@ -165,6 +167,8 @@ def format_text(doc: StatsDocument, fail_under: float | None = None) -> str:
         rows.append((f"Bar (--fail-under {fail_under:g}%)", verdict))
     width = max(len(k) for k, _ in rows)
     lines += [f"{k:<{width}}  {v:>12}" for k, v in rows]
+    if t.saved_s:
+        lines.append(SAVED_NOTE)
     if layers:
         lines += ["", "Per layer"]
         table = [["layer", *_COLUMNS]] + [[name, *_row(c)] for name, c in layers.items()]
