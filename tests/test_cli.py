@@ -126,6 +126,15 @@ def test_pin_of_an_unknown_workload_is_refused_unless_ahead(capsys: pytest.Captu
     assert rc == 0 and "2 pinned workloads" in err
 
 
+def test_a_token_an_open_server_does_not_check_is_said(capsys: pytest.CaptureFixture[str], live_service) -> None:  # type: ignore[no-untyped-def]
+    """Before: ``--token wrong`` against a server without tokens was accepted silently (the user
+    believed the cache was protected). It still works (open is open), once said on stderr."""
+    rc, _, err = cli(capsys, "ls", "--url", live_service.url, "--token", "not-the-real-token")
+    assert rc == 0 and err.count("has no tokens (open, loopback only): the token given (KCACHE_TOKEN or --token) is not checked") == 1, err
+    rc, _, err = cli(capsys, "ls", "--url", live_service.url)
+    assert rc == 0 and "not checked" not in err
+
+
 def _stats_file(tmp_path: Path, hits: int, misses: int) -> Path:
     s = Stats()
     for _ in range(hits):
@@ -301,3 +310,96 @@ def test_output_for_people_sizes_plurals_and_records(capsys: pytest.CaptureFixtu
     assert "  kernel " in table and "\n  key-components " not in table
     assert "kcache's own: 1 upload (2.0 kB) of key-components (key parts for kcache explain)" in table
     assert "0.0 MB" not in out
+
+
+# ---- 6. keys you can copy between commands; listing and deleting entries --------------------------
+
+FX_KEY = "fylzd5osyn5ed4dcdehreis7nop4bbwdmnehs55doeuuqtjeotsp"  # Inductor's own key, as torch logs it
+FX_STORED = f"pt2:fx-graph-v1::{FX_KEY}:c1"  # as torch's remote cache stores it
+AUTOTUNE_STORED = "pt2:3b8e0c1f::triton_poi_fused_add_0:c1"  # an id that is a hash: shown as stored
+
+
+def _put_entries(url: str) -> None:
+    for layer, key in (("fx-graph", FX_STORED), ("autotune", AUTOTUNE_STORED), ("key-components", f"fx-graph.{FX_KEY}")):
+        assert httpx.put(f"{url}/v1/default/entries/{layer}/{key}", content=f"{layer} bytes".encode()).status_code == 201
+
+
+def test_an_entry_key_any_command_prints_is_accepted_by_every_command(capsys: pytest.CaptureFixture[str], live_service) -> None:  # type: ignore[no-untyped-def]
+    """Before: ``kcache explain`` printed ``fx-graph f7p5…``, and ``kcache inspect --entry fx-graph
+    f7p5…`` answered 404 (it needed ``pt2:fx-graph-v1::f7p5…:c1``); no command listed entries."""
+    remote = ("--url", live_service.url)
+    _put_entries(live_service.url)
+    rc, out, err = cli(capsys, "ls", "--entries", *remote)
+    assert rc == 0 and err.strip() == "2 entries", err
+    rows = {line.split()[0]: line.split()[1] for line in out.splitlines()[1:]}
+    assert rows == {"fx-graph": FX_KEY, "autotune": AUTOTUNE_STORED}  # kcache's own key-components layer is not listed
+    for key in (FX_KEY, FX_STORED):
+        rc, out, _ = cli(capsys, "inspect", "--entry", "fx-graph", key, *remote)
+        assert rc == 0 and f"key            {FX_KEY}\n" in out and f"stored as      {FX_STORED}" in out, out
+    rc, out, _ = cli(capsys, "inspect", "--entry", "autotune", AUTOTUNE_STORED, *remote)
+    assert rc == 0 and f"key            {AUTOTUNE_STORED}\n" in out and "stored as" not in out
+    rc, out, err = cli(capsys, "inspect", "--entry", "fx-graph", "nosuchkey", *remote)
+    assert rc == 1 and out == "" and "no fx-graph entry 'nosuchkey' in namespace 'default'" in err and "kcache ls --entries fx-graph" in err
+    rc, out, _ = cli(capsys, "ls", "--entries", "fx-graph", "--prefix", FX_KEY[:6], "--json", *remote)
+    assert rc == 0 and [(e["key"], e["shown_key"]) for e in json.loads(out)] == [(FX_STORED, FX_KEY)]
+    rc, _, err = cli(capsys, "ls", "--entries", "No/Such", *remote)
+    assert rc == 2 and "--entries: layer 'No/Such' must be" in err
+
+
+def test_ls_limit_says_what_it_left_out(capsys: pytest.CaptureFixture[str], live_service, cache_dir: Path) -> None:  # type: ignore[no-untyped-def]
+    remote = ("--url", live_service.url)
+    assert cli(capsys, "push", str(cache_dir), *remote)[0] == 0
+    rc, out, err = cli(capsys, "ls", "--limit", "3", *remote)
+    assert rc == 0 and len(out.splitlines()) == 1 + 3 and err.strip() == "the first 3 kernels; more: raise --limit"
+    rc, out, err = cli(capsys, "ls", "--limit", "4", *remote)
+    assert rc == 0 and len(out.splitlines()) == 1 + 4 and err.strip() == "4 kernels"
+    _put_entries(live_service.url)
+    rc, out, err = cli(capsys, "ls", "--entries", "--limit", "1", *remote)
+    assert rc == 0 and len(out.splitlines()) == 2 and err.strip() == "the first 1 entry; more: raise --limit"
+    for bad in ("0", "ten"):
+        rc, _, err = cli(capsys, "ls", "--limit", bad, *remote)
+        assert rc == 2 and "argument --limit" in err
+
+
+def test_gc_prints_whole_keys_in_the_form_other_commands_accept(capsys: pytest.CaptureFixture[str], live_service) -> None:  # type: ignore[no-untyped-def]
+    """Before: ``gc`` cut every key at 52 characters."""
+    _put_entries(live_service.url)
+    rc, out, _ = cli(capsys, "gc", "--url", live_service.url, "--max-bytes", "0", "--min-age", "0", "--dry-run")
+    assert rc == 0 and f" {FX_KEY} " in out and f" {AUTOTUNE_STORED} " in out, out
+
+
+def test_rm_deletes_only_after_yes_and_nothing_when_a_key_is_wrong(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, live_service, cache_dir: Path,  # type: ignore[no-untyped-def]
+) -> None:
+    """Deleting a kernel or an entry from the CLI, as safely as ``gc``: the plan first; ``--yes``
+    or a yes at the prompt; one key that is not stored (a typo) deletes nothing at all."""
+    remote = ("--url", live_service.url)
+    assert cli(capsys, "push", str(cache_dir), *remote)[0] == 0
+    _put_entries(live_service.url)
+    keys = sorted(d.name for d in cache_dir.iterdir())
+    base = f"{live_service.url}/v1/default"
+
+    def stored(key: str) -> bool:
+        return httpx.head(f"{base}/kernels/{key}").status_code == 200
+
+    rc, out, err = cli(capsys, "rm", keys[0], *remote)  # stdin is no terminal here
+    assert rc == 1 and f"delete  kernel {keys[0]}" in out and "nothing deleted: pass --yes to delete 1 kernel (" in err and stored(keys[0])
+    typo = keys[1][:-2] + ("AQ" if keys[1][-2:] != "AQ" else "QA")
+    rc, _, err = cli(capsys, "rm", keys[0], typo, "--yes", *remote)
+    assert rc == 1 and f"nothing deleted: no kernels {typo} in namespace 'default'" in err and stored(keys[0])
+    rc, _, err = cli(capsys, "rm", "not-a-key", "--yes", *remote)
+    assert rc == 2 and "kernel key 'not-a-key' is neither" in err
+    rc, out, err = cli(capsys, "rm", keys[0], keys[1], "--dry-run", *remote)
+    assert rc == 0 and out.count("would delete  kernel ") == 2 and "dry run: 2 kernels (" in err and stored(keys[0])
+    monkeypatch.setattr(sys.stdin, "isatty", lambda: True, raising=False)
+    monkeypatch.setattr("builtins.input", lambda prompt: "n")
+    rc, _, err = cli(capsys, "rm", keys[0], *remote)
+    assert rc == 0 and "nothing deleted" in err and stored(keys[0])
+    monkeypatch.setattr("builtins.input", lambda prompt: "yes")
+    rc, out, _ = cli(capsys, "rm", keys[0], *remote)
+    assert rc == 0 and "deleted 1 kernel (" in out and not stored(keys[0]) and stored(keys[1])
+    rc, out, _ = cli(capsys, "delete", "--entry", "fx-graph", FX_KEY, "--yes", *remote)  # the short form ls printed
+    assert rc == 0 and f"delete  fx-graph {FX_KEY}" in out and "deleted 1 fx-graph entry" in out
+    assert httpx.head(f"{base}/entries/fx-graph/{FX_STORED}").status_code == 404
+    rc, _, err = cli(capsys, "rm", "--entry", "fx-graph", FX_KEY, "--yes", *remote)
+    assert rc == 1 and f"no fx-graph entry {FX_KEY}" in err

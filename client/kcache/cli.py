@@ -9,22 +9,28 @@ setting (argparse's usage errors, a value that does not parse, ``KCACHE_*`` incl
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import logging
 import os
 import sys
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from kcache import __version__
 from kcache.config import ClientConfig
 from kcache.errors import ConfigError, KcacheError, NotFound, Quarantined, ServiceUnavailable
 
 if TYPE_CHECKING:
-    from kcache_schemas.models import QuarantineInfo
+    from kcache_schemas.models import EntryInfo, QuarantineInfo
     from kcache_schemas.retention import GcReport
 
+    from kcache.http import KcacheClient
+
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+T = TypeVar("T")
 
 
 def _flag(name: str) -> str:
@@ -271,19 +277,80 @@ def _ls_workloads(args: argparse.Namespace) -> int:
     return 0
 
 
+def _first(items: Iterator[T], limit: int | None) -> tuple[list[T], bool]:
+    """At most ``limit`` items (all with None), and whether more were left."""
+    if limit is None:
+        return list(items), False
+    taken = list(itertools.islice(items, limit + 1))
+    return taken[:limit], len(taken) > limit
+
+
+def _limit(raw: str) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{raw!r} is not a number of items (e.g. 20)") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{raw!r}: at least 1")
+    return value
+
+
 def _ls(args: argparse.Namespace) -> int:
     if args.workloads:
         return _ls_workloads(args)
+    if args.entries is not None:
+        return _ls_entries(args)
     client = _client(args)
-    entries = list(client.list_kernels(prefix=args.prefix or ""))
+    entries, more = _first(client.list_kernels(prefix=args.prefix or "", page_size=min(args.limit or 500, 500)), args.limit)
     if args.json:
         print(json.dumps([e.model_dump(mode="json") for e in entries], indent=2))
-        return 0
-    print(f"{'KEY':52}  {'NAME':32}  {'TARGET':12}  {'TRITON':8}  {'FILES':>5}  {'SIZE':>10}  CREATED")
-    for e in entries:
-        target = f"{e.target.device_type.value}:{e.target.arch}"
-        print(f"{e.key:52}  {e.kernel_name[:32]:32}  {target:12}  {e.triton_version[:8]:8}  {len(e.files):>5}  {_size_text(e.total_size):>10}  {e.created_at:%Y-%m-%d %H:%M}")
-    print(plural(len(entries), "kernel"), file=sys.stderr)
+    else:
+        print(f"{'KEY':52}  {'NAME':32}  {'TARGET':12}  {'TRITON':8}  {'FILES':>5}  {'SIZE':>10}  CREATED")
+        for e in entries:
+            target = f"{e.target.device_type.value}:{e.target.arch}"
+            print(f"{e.key:52}  {e.kernel_name[:32]:32}  {target:12}  {e.triton_version[:8]:8}  {len(e.files):>5}  {_size_text(e.total_size):>10}  {e.created_at:%Y-%m-%d %H:%M}")
+    print(f"{'the first ' if more else ''}{plural(len(entries), 'kernel')}{'; more: raise --limit' if more else ''}", file=sys.stderr)
+    return 0
+
+
+ALL_LAYERS = "all"
+
+
+def _ls_entries(args: argparse.Namespace) -> int:
+    """Cache entries, layer by layer, keys in the form every command prints and accepts."""
+    from kcache_schemas import InvalidKeyError, validate_layer, wire
+
+    from kcache.entry_keys import INDUCTOR_CACHE_IDS, shown
+    from kcache.report import INTERNAL_LAYERS
+
+    if args.entries == ALL_LAYERS:
+        layers = [layer for layer in wire.ENTRY_LAYERS if layer not in INTERNAL_LAYERS]
+    else:
+        try:
+            layers = [validate_layer(args.entries)]
+        except InvalidKeyError as exc:
+            raise ConfigError(f"--entries: {exc} (one of {', '.join(wire.ENTRY_LAYERS)})") from None
+    client = _client(args)
+    prefix = args.prefix or ""
+    found: list[tuple[str, EntryInfo]] = []
+    more = False
+    for layer in layers:
+        left = None if args.limit is None else args.limit - len(found)
+        if left == 0:
+            more = True
+            break
+        # A short prefix of an Inductor key is looked for inside the form torch stores it in.
+        wrapped = f"pt2:{INDUCTOR_CACHE_IDS[layer]}::{prefix}" if prefix and layer in INDUCTOR_CACHE_IDS and not prefix.startswith("pt2:") else prefix
+        items, more = _first(client.list_entries(layer, prefix=wrapped, page_size=min(left or 500, 500)), left)
+        found += [(layer, info) for info in items]
+    if args.json:
+        print(json.dumps([{**info.model_dump(mode="json"), "shown_key": shown(layer, info.key)} for layer, info in found], indent=2))
+    else:
+        print(f"{'LAYER':14}  {'KEY':64}  {'SIZE':>10}  {'SIGNED':8}  CREATED")
+        for layer, info in found:
+            signed = info.signature.key_id[:8] if info.signature else "-"
+            print(f"{layer:14}  {shown(layer, info.key):64}  {_size_text(info.size):>10}  {signed:8}  {info.created_at:%Y-%m-%d %H:%M}")
+    print(f"{'the first ' if more else ''}{plural(len(found), 'entry')}{'; more: raise --limit' if more else ''}", file=sys.stderr)
     return 0
 
 
@@ -319,14 +386,14 @@ def _inspect_entry(args: argparse.Namespace) -> int:
     from kcache.signing import LEGACY_HMAC_MAGIC, EntrySigning
 
     try:
-        layer, key = validate_layer(args.entry), normalize_entry_key(args.key)
+        layer, given = validate_layer(args.entry), normalize_entry_key(args.key)
     except InvalidKeyError as exc:
-        raise SystemExit(f"kcache inspect: {exc}") from None
+        raise ConfigError(str(exc)) from None
     client = _client(args)
-    try:
-        info = client.entry_info(layer, key)
-    except Quarantined:
+    key, found = find_entry(client, layer, given)
+    if found is None:
         return _print_quarantine(client.quarantine_info(layer, key), args.json)
+    info = found
     stored, _ = client.get_entry(layer, key)
     header = None
     if envelope.is_signed(stored):
@@ -350,7 +417,11 @@ def _inspect_entry(args: argparse.Namespace) -> int:
             "accepted": accepted, "verdict": verdict,
         }, indent=2))
         return 1 if accepted is False else 0
-    print(f"layer          {info.layer}\nkey            {info.key}\nnamespace      {info.namespace}")
+    from kcache.entry_keys import shown
+
+    print(f"layer          {info.layer}\nkey            {shown(layer, info.key)}\nnamespace      {info.namespace}")
+    if shown(layer, info.key) != info.key:
+        print(f"stored as      {info.key}  (the REST API's key: torch's form)")
     print(f"size           {_size_text(info.size)}\nsha256         {info.sha256}\nstored         {info.created_at.isoformat()}")
     print(f"producer       {_fields(info.producer.model_dump(exclude_none=True))}")
     if header is not None:
@@ -367,6 +438,25 @@ def _inspect_entry(args: argparse.Namespace) -> int:
         print("signed by      nobody: the entry is unsigned")
     print(f"here           {verdict}")
     return 1 if accepted is False else 0
+
+
+def find_entry(client: KcacheClient, layer: str, given: str) -> tuple[str, EntryInfo | None]:
+    """The key an entry given in either form (Inductor's own, or as stored) is stored under,
+    with its info; None for the info when that key is quarantined. NotFound names what was
+    looked for."""
+    from kcache.entry_keys import stored_forms
+
+    forms = stored_forms(layer, given)
+    for key in forms:
+        try:
+            return key, client.entry_info(layer, key)
+        except Quarantined:
+            return key, None
+        except NotFound:
+            continue
+    also = f" (looked for {' and '.join(repr(f) for f in forms)})" if len(forms) > 1 else ""
+    raise NotFound(f"no {layer} entry {given!r} in namespace {client.config.namespace!r}{also}; "
+                   f"kcache ls --entries {layer} lists them")
 
 
 def _print_quarantine(q: QuarantineInfo, as_json: bool) -> int:
@@ -451,18 +541,85 @@ def _gc(args: argparse.Namespace) -> int:
     if items == 0:
         return EXIT_OK
     nbytes = sum(a.bytes for a in plan.planned.values()) + plan.orphans.bytes
-    what = f"{plural(items, 'item')} ({_size_text(nbytes)}) from namespace {plan.namespace!r}"
+    declined = confirm("gc", "evict", f"{plural(items, 'item')} ({_size_text(nbytes)}) from namespace {plan.namespace!r}")
+    if declined is not None:
+        return declined
+    run(dry_run=False)  # the service plans again: what was used meanwhile is kept
+    return EXIT_OK
+
+
+def confirm(command: str, verb: str, what: str) -> int | None:
+    """Ask before deleting (no ``--yes`` given): None on a yes at the terminal; otherwise the exit
+    code, having said that nothing was deleted: 1 where stdin is no terminal to ask (a script
+    that forgot ``--yes`` must not pass), 0 on a no."""
     if not sys.stdin.isatty():
-        print(f"kcache gc: nothing deleted: pass --yes to evict {what} (stdin is not a terminal to ask)", file=sys.stderr)
+        print(f"kcache {command}: nothing deleted: pass --yes to {verb} {what} (stdin is not a terminal to ask)", file=sys.stderr)
         return EXIT_FAILED
     try:
-        answer = input(f"Evict {what}? This cannot be undone. [y/N] ")
+        answer = input(f"{verb.capitalize()} {what}? This cannot be undone. [y/N] ")
     except EOFError:
         answer = ""
     if answer.strip().lower() not in ("y", "yes"):
-        print("kcache gc: nothing deleted", file=sys.stderr)
+        print(f"kcache {command}: nothing deleted", file=sys.stderr)
         return EXIT_OK
-    run(dry_run=False)  # the service plans again: what was used meanwhile is kept
+    return None
+
+
+def _rm(args: argparse.Namespace) -> int:
+    """Delete kernels, or a layer's entries, by key (admin token): every key is looked up first
+    and a key that is not stored deletes nothing at all; then, like gc, ``--dry-run`` shows the
+    plan, ``--yes`` (or a yes at the prompt) deletes."""
+    from kcache_schemas import (
+        InvalidKeyError,
+        normalize_entry_key,
+        normalize_kernel_key,
+        validate_layer,
+        wire,
+    )
+
+    from kcache.entry_keys import shown
+
+    try:
+        layer = validate_layer(args.entry) if args.entry else None
+        given = [normalize_entry_key(k) if layer else normalize_kernel_key(k) for k in args.keys]
+    except InvalidKeyError as exc:
+        raise ConfigError(str(exc)) from None
+    client = _client(args)
+    ns = client.config.namespace
+    plan: list[tuple[str, str, int]] = []  # (stored key, shown key, size)
+    missing: list[str] = []
+    for key in dict.fromkeys(given):
+        try:
+            if layer is None:
+                plan.append((key, key, client.manifest(key).pack_size))
+            else:
+                stored, info = find_entry(client, layer, key)
+                if info is None:
+                    missing.append(f"{key} (quarantined: no node is served it; an admin lifts it with DELETE .../quarantine)")
+                else:
+                    plan.append((stored, shown(layer, stored), info.size))
+        except NotFound:
+            missing.append(key)
+    what = plural(len(given), f"{layer} entry" if layer else "kernel").split(" ", 1)[1]  # "kernels", "fx-graph entry"
+    if missing:
+        print(f"kcache rm: nothing deleted: no {what} {', '.join(missing)} in namespace {ns!r} "
+              f"(kcache ls{' --entries ' + layer if layer else ''} lists them)", file=sys.stderr)
+        return EXIT_FAILED
+    total = sum(size for _, _, size in plan)
+    for _, key, size in plan:
+        print(f"{'would delete' if args.dry_run else 'delete'}  {layer or 'kernel'} {key}  {_size_text(size)}")
+    summary = f"{len(plan)} {what} ({_size_text(total)}) from namespace {ns!r}"
+    if args.dry_run:
+        print(f"kcache rm: dry run: {summary} would be deleted", file=sys.stderr)
+        return EXIT_OK
+    if not args.yes:
+        declined = confirm("rm", "delete", summary)
+        if declined is not None:
+            return declined
+    for stored, _, _ in plan:
+        path = wire.path(wire.KERNEL, namespace=ns, key=stored) if layer is None else wire.path(wire.ENTRY, namespace=ns, layer=layer, key=stored)
+        client.delete(path)
+    print(f"deleted {summary}")
     return EXIT_OK
 
 
@@ -473,6 +630,8 @@ def format_gc_report(r: GcReport) -> str:
     from kcache_schemas.retention import REASON_BUDGET, REASON_ENV, REASON_TTL
     from kcache_schemas.units import format_bytes as size
     from kcache_schemas.units import format_duration as ago
+
+    from kcache.entry_keys import shown
 
     p = r.policy
 
@@ -503,7 +662,9 @@ def format_gc_report(r: GcReport) -> str:
         now = r.started_at
         for item in r.items[:20]:
             used = datetime.fromtimestamp(item.last_used).strftime("%Y-%m-%d %H:%M")
-            lines.append(f"    {item.kind[:18]:18} {item.key[:52]:52} {size(item.size):>9}  last used {used} ({ago(max(0.0, now - item.last_used))} ago)  {item.reason}")
+            # The whole key, as every command prints and accepts it (was cut at 52 characters).
+            key = shown(item.kind.removeprefix("entry/"), item.key)
+            lines.append(f"    {item.kind[:18]:18} {key:52} {size(item.size):>9}  last used {used} ({ago(max(0.0, now - item.last_used))} ago)  {item.reason}")
         more = len(r.items) - 20 + r.more_items
         if more > 0:
             lines.append(f"    … and {more} more")
@@ -635,9 +796,12 @@ def build_parser() -> argparse.ArgumentParser:
     warm.add_argument("--no-target-check", action="store_true", help="emit kernels for other GPUs too")
     warm.set_defaults(func=_warm)
 
-    ls = remote(sub.add_parser("ls", help="list kernels in the namespace"))
-    ls.add_argument("--prefix", help="key prefix")
-    ls.add_argument("--json", action="store_true")
+    ls = remote(sub.add_parser("ls", help="list kernels in the namespace; --entries: cache entries; --workloads: workloads"))
+    ls.add_argument("--prefix", help="key prefix (of Inductor's own key, for fx-graph, aot-autograd, dynamo-pgo entries)")
+    ls.add_argument("--limit", type=_limit, metavar="N", help="list at most N (default: all)")
+    ls.add_argument("--entries", nargs="?", const=ALL_LAYERS, metavar="LAYER",
+                    help="list cache entries: of every layer, or of LAYER (fx-graph, aot-autograd, autotune, triton-module, dynamo, jit, ...)")
+    ls.add_argument("--json", action="store_true", help="machine-readable output")
     ls.add_argument("--workloads", action="store_true", help="list workloads and their environment fingerprints")
     ls.set_defaults(func=_ls)
 
@@ -662,6 +826,13 @@ def build_parser() -> argparse.ArgumentParser:
     gc.add_argument("--json", action="store_true", help="the report as JSON")
     gc.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for the service to finish (default 900)")
     gc.set_defaults(func=_gc)
+
+    rm = remote(sub.add_parser("rm", aliases=["delete"], help="delete kernels, or cache entries of a layer, by key (admin token): the plan, then --yes or a yes at the prompt"))
+    rm.add_argument("keys", nargs="+", metavar="KEY", help="kernel keys (52-char or 64-hex); with --entry, entry keys (Inductor's own or as stored)")
+    rm.add_argument("--entry", metavar="LAYER", help="the keys are entries of this layer (fx-graph, aot-autograd, autotune, ...)")
+    rm.add_argument("--dry-run", action="store_true", help="show what would be deleted; delete nothing")
+    rm.add_argument("-y", "--yes", action="store_true", help="delete without asking (without it: a prompt on a terminal; elsewhere nothing is deleted, exit 1)")
+    rm.set_defaults(func=_rm)
 
     pin = remote(sub.add_parser("pin", help="pin a workload: its kernels and entries are never evicted (admin); no name: list pins"))
     pin.add_argument("workload", nargs="?", help="a workload with a published run (kcache ls --workloads)")
@@ -691,9 +862,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _StderrWarnings(logging.Handler):
+    """kcache's warnings (a token an open server does not check, ...) on the stderr of the moment."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        print(record.getMessage(), file=sys.stderr)
+
+
+def _warnings_to_stderr() -> None:
+    logger = logging.getLogger("kcache")
+    if not any(isinstance(h, _StderrWarnings) for h in logger.handlers):
+        handler = _StderrWarnings(logging.WARNING)
+        logger.addHandler(handler)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    _warnings_to_stderr()
     if args.command is None:  # bare `kcache`: what there is to do
         parser.print_help()
         return EXIT_OK
