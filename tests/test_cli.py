@@ -290,6 +290,37 @@ def test_serve_on_a_taken_port_says_so_before_serving(tmp_path: Path) -> None:
     assert "serving on" not in proc.stderr and "Traceback" not in proc.stderr
 
 
+def test_stats_with_no_argument_shows_this_machines_processes_until_zero(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path, live_service,  # type: ignore[no-untyped-def]
+) -> None:
+    """Before: ``kcache stats`` with no argument said "give --file PATH or --run ID". Now, like
+    ``sccache --show-stats``: every process that used kcache on this machine merged in at exit
+    (into the local tier's ``stats.json``), until ``--zero``."""
+    local = tmp_path / "local"
+    monkeypatch.setenv("KCACHE_LOCAL_DIR", str(local))
+    rc, out, err = cli(capsys, "stats")
+    assert rc == 1 and out == "" and f"no stats recorded on this machine yet ({local / 'stats.json'}" in err
+    job = "\n".join([  # a job's runtime, without torch (the hooks' part is not what is tested)
+        "from kcache.config import ClientConfig",
+        "from kcache.current import ensure_runtime",
+        "rt = ensure_runtime(ClientConfig.from_env())",
+        "assert rt.get_entry('fx-graph', 'pt2:fx-graph-v1::nosuchkey:c1') is None",
+    ])
+    env = clean_env(KCACHE_URL=live_service.url, KCACHE_LOCAL_DIR=str(local), KCACHE_AUTOLOAD="0")
+    idle = "from kcache.config import ClientConfig; from kcache.current import ensure_runtime; ensure_runtime(ClientConfig.from_env())"  # no cache work: adds nothing
+    for code in (job, job, idle):
+        proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+    rc, out, err = cli(capsys, "stats")
+    assert rc == 0 and "kcache stats: this machine (" in err and "--zero to start over" in err
+    assert out.startswith("kcache stats: namespace default, 2 processes") and re.search(r"  misses\s+2\n", out), out
+    rc, out, _ = cli(capsys, "stats", "--zero")
+    assert rc == 0 and "start over" in out and not (local / "stats.json").exists()
+    assert cli(capsys, "stats")[0] == 1
+    rc, _, err = cli(capsys, "stats", "--zero", "--file", "x")
+    assert rc == 2 and "--zero" in err
+
+
 # ---- 5. polish ----------------------------------------------------------------------------------
 
 

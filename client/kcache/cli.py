@@ -852,12 +852,13 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("--json", action="store_true", help="machine-readable output")
     explain.set_defaults(func=_explain)
 
-    stats = remote(sub.add_parser("stats", help="cache-hit statistics of a stats file or a run; gate CI with --fail-under"))
-    stats.add_argument("--file", help="stats file or dir written via KCACHE_STATS_FILE (default: $KCACHE_STATS_FILE)")
+    stats = remote(sub.add_parser("stats", help="cache-hit statistics: this machine's, a stats file's or a run's; gate CI with --fail-under"))
+    stats.add_argument("--file", help="stats file or dir written via KCACHE_STATS_FILE (default: $KCACHE_STATS_FILE, else $KCACHE_RUN_ID's run, else this machine's: every process since --zero)")
     stats.add_argument("--run", metavar="ID", help="a run on the service (KCACHE_RUN_ID of its processes)")
     stats.add_argument("--format", choices=("text", "json", "markdown", "junit"), default="text")
     stats.add_argument("--fail-under", type=hit_rate_bar, metavar="RATE", help="exit 2 if the hit rate is below RATE: 80%%, 80 or 0.8 (a number below 1 is a fraction)")
     stats.add_argument("-o", "--output", help="write the report here instead of stdout")
+    stats.add_argument("--zero", action="store_true", help="start this machine's stats (what no --file/--run shows) over")
     stats.set_defaults(func=_stats)
     return parser
 
