@@ -434,3 +434,51 @@ def test_rm_deletes_only_after_yes_and_nothing_when_a_key_is_wrong(
     assert httpx.head(f"{base}/entries/fx-graph/{FX_STORED}").status_code == 404
     rc, _, err = cli(capsys, "rm", "--entry", "fx-graph", FX_KEY, "--yes", *remote)
     assert rc == 1 and f"no fx-graph entry {FX_KEY}" in err
+
+
+# ---- 4b. kcache doctor ------------------------------------------------------------------------------
+
+
+def test_doctor_says_where_each_setting_came_from_and_whether_the_service_takes_the_token(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, live_service, tmp_path: Path,  # type: ignore[no-untyped-def]
+) -> None:
+    monkeypatch.setenv("KCACHE_LOCAL_DIR", str(tmp_path / "local"))
+    monkeypatch.setenv("KCACHE_NAMESPACE", "team-a")
+    rc, out, _ = cli(capsys, "doctor", "--url", live_service.url)
+    assert rc == 0 and out.rstrip().endswith("no problems found"), out
+    assert f"  url             {live_service.url}  (--url)\n" in out
+    rows = json.loads(cli(capsys, "doctor", "--url", live_service.url, "--json")[1])["checks"]
+    assert rows["url"] == f"{live_service.url}  (--url)" and rows["namespace"] == "team-a  (KCACHE_NAMESPACE)"
+    assert rows["token"].startswith("none") and rows["service"].startswith("answers in ") and "kcache " in rows["service"]
+    assert rows["access"] == "read on namespace 'team-a': ok" and rows["local tier"].startswith(str(tmp_path / "local"))
+    assert rows["layers"].startswith("fx-graph, autotune,")
+    # A token an open server does not check is a problem; the token itself is never printed.
+    rc, out, _ = cli(capsys, "doctor", "--url", live_service.url, "--token", "s3cret-token-value", "--json")
+    report = json.loads(out)
+    assert rc == 1 and report["checks"]["token"] == "from --token" and "s3cret" not in out
+    assert any("not checked" in p for p in report["problems"])
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{s.getsockname()[1]}"
+    rc, out, _ = cli(capsys, "doctor", "--url", closed)
+    assert rc == 1 and f"the service at {closed} does not answer" in out
+    assert cli(capsys, "doctor", "--url", closed, "--offline")[0] == 0
+    rc, _, err = cli(capsys, "doctor", "--namespace", "UPPER")
+    assert rc == 2 and "--namespace='UPPER'" in err
+    monkeypatch.delenv("KCACHE_NAMESPACE")
+    rc, out, _ = cli(capsys, "doctor")
+    assert rc == 1 and "no service URL" in out
+
+
+def test_doctor_names_a_token_the_service_refuses(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from live import LiveService
+
+    monkeypatch.setenv("KCACHE_LOCAL_DIR", str(tmp_path / "local"))
+    grants = [{"token": "reader-token-0123456789", "name": "reader", "namespaces": ["team-a"], "scopes": ["read"]}]
+    with LiveService(tmp_path / "svc", tokens=json.dumps(grants)) as svc:
+        rc, out, _ = cli(capsys, "doctor", "--url", svc.url, "--namespace", "team-a", "--token", "reader-token-0123456789")
+        assert rc == 0 and "read on namespace 'team-a': ok" in out and "no tokens" not in out, out
+        rc, out, _ = cli(capsys, "doctor", "--url", svc.url, "--namespace", "team-b", "--token", "reader-token-0123456789")
+        assert rc == 1 and "the service refuses this token on namespace 'team-b'" in out, out
+        rc, out, _ = cli(capsys, "doctor", "--url", svc.url, "--token", "wrong-token-0123456789")
+        assert rc == 1 and "unknown bearer token" in out, out

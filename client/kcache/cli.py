@@ -748,6 +748,16 @@ def _explain(args: argparse.Namespace) -> int:
     return 0
 
 
+def _doctor(args: argparse.Namespace) -> int:
+    """The effective settings and where they came from, the layers, the local tier, signing, and
+    whether the service answers and takes this token: exit 1 when something stops kcache."""
+    from kcache.doctor import checkup
+
+    c = checkup(args.url, args.token, args.namespace, offline=args.offline)
+    print(json.dumps(c.as_json(), indent=2) if args.json else c.render())
+    return EXIT_FAILED if c.problems else EXIT_OK
+
+
 def _stats(args: argparse.Namespace) -> int:
     from kcache.report import stats_command
 
@@ -851,6 +861,11 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("--workload", help="with LAYER KEY: the workload whose stored keys to compare with")
     explain.add_argument("--json", action="store_true", help="machine-readable output")
     explain.set_defaults(func=_explain)
+
+    doctor = remote(sub.add_parser("doctor", help="the effective URL, namespace, token source, layers, local tier and signing, and whether the service answers and takes the token (exit 1 on a problem)"))
+    doctor.add_argument("--offline", action="store_true", help="check this machine only; do not call the service")
+    doctor.add_argument("--json", action="store_true", help="machine-readable output")
+    doctor.set_defaults(func=_doctor)
 
     stats = remote(sub.add_parser("stats", help="cache-hit statistics: this machine's, a stats file's or a run's; gate CI with --fail-under"))
     stats.add_argument("--file", help="stats file or dir written via KCACHE_STATS_FILE (default: $KCACHE_STATS_FILE, else $KCACHE_RUN_ID's run, else this machine's: every process since --zero)")
