@@ -482,3 +482,52 @@ def test_doctor_names_a_token_the_service_refuses(capsys: pytest.CaptureFixture[
         assert rc == 1 and "the service refuses this token on namespace 'team-b'" in out, out
         rc, out, _ = cli(capsys, "doctor", "--url", svc.url, "--token", "wrong-token-0123456789")
         assert rc == 1 and "unknown bearer token" in out, out
+
+
+# ---- 4c. the node's local tier ---------------------------------------------------------------------
+
+
+def test_local_tier_scan_and_a_delete_that_asks_first(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Managing ``~/.cache/kcache/client`` (10 GB by default) like huggingface-cli's
+    scan-cache/delete-cache: what is there per service, namespace and layer; a delete shows its
+    plan and needs ``--yes`` or a yes at the prompt."""
+    import os
+
+    from kcache.local_store import LocalEntryStore
+
+    root = tmp_path / "tier"
+    prod, staging = "http://kcache.prod:8765", "http://kcache.staging:8765"
+    for url, ns, layer, n in ((prod, "default", "fx-graph", 3), (prod, "default", "kernel", 2), (prod, "team-a", "fx-graph", 1), (staging, "default", "fx-graph", 4)):
+        store = LocalEntryStore(root, ns, url=url)
+        for i in range(n):
+            store.put(layer, f"{layer}-{i}", b"x" * 1000)
+    old = LocalEntryStore(root, "default", url=staging)._path("fx-graph", "fx-graph-0")
+    os.utime(old, (1_000_000_000, 1_000_000_000))  # last used in 2001
+    monkeypatch.setenv("KCACHE_URL", prod)
+    rc, out, err = cli(capsys, "local", "ls", "--local-dir", str(root))
+    assert rc == 0 and f"{root}: 10 files, 10.0 kB of 10.7 GB" in err and f"* = {prod}" in err
+    marked = [line.split()[1:4] for line in out.splitlines()[1:] if line.split()[0].endswith("*")]
+    assert marked == [["default", "fx-graph", "3"], ["default", "kernel", "2"], ["team-a", "fx-graph", "1"]]
+
+    def files() -> int:
+        return sum(1 for p in (root / "entries").rglob("*") if p.is_file() and not p.name.startswith("."))
+
+    rc, _, err = cli(capsys, "local", "rm", "--local-dir", str(root), "--namespace", "default")
+    assert rc == 1 and "nothing deleted: pass --yes to delete 9 files (9.0 kB) of 10.0 kB" in err and files() == 10
+    rc, out, _ = cli(capsys, "local", "rm", "--local-dir", str(root), "--url", prod, "--layer", "fx-graph", "--dry-run")
+    assert rc == 0 and out.startswith("would delete 4 files (4.0 kB)") and files() == 10
+    rc, _, err = cli(capsys, "local", "rm", "--local-dir", str(root), "--older-than", "7")
+    assert rc == 2 and "'7' has no unit" in err
+    rc, out, _ = cli(capsys, "local", "rm", "--local-dir", str(root), "--older-than", "30d", "--yes")
+    assert rc == 0 and out.startswith("deleted 1 file (1.0 kB)") and not old.exists() and files() == 9
+    monkeypatch.setattr(sys.stdin, "isatty", lambda: True, raising=False)
+    monkeypatch.setattr("builtins.input", lambda prompt: "y")
+    rc, out, _ = cli(capsys, "local", "rm", "--local-dir", str(root), "--url", prod, "--namespace", "default", "--layer", "kernel")
+    assert rc == 0 and out.startswith("deleted 2 files") and files() == 7
+    assert LocalEntryStore(root, "default", url=prod).get("kernel", "kernel-0") is None  # a job now misses and asks the service
+    rc, _, err = cli(capsys, "local", "rm", "--local-dir", str(root), "--layer", "jit", "--yes")
+    assert rc == 0 and "nothing to delete" in err
+    rc, _, err = cli(capsys, "local", "rm", "--local-dir", str(root), "--namespace", "A/B")
+    assert rc == 2 and "namespace" in err
+    rc, out, _ = cli(capsys, "local")
+    assert rc == 0 and "rm" in out and "ls" in out

@@ -748,6 +748,77 @@ def _explain(args: argparse.Namespace) -> int:
     return 0
 
 
+def _local_root(args: argparse.Namespace) -> Path:
+    from kcache.config import ClientConfig
+
+    return Path(args.local_dir) if args.local_dir else ClientConfig.from_env(given_as=_flag, url=args.url).local_root()
+
+
+def _local_ls(args: argparse.Namespace) -> int:
+    """The node's local tier by service, namespace and layer (huggingface_hub's scan-cache)."""
+    from datetime import datetime
+
+    from kcache.local_store import service_id
+    from kcache.local_tier import scan
+
+    config = ClientConfig.from_env(given_as=_flag, url=args.url)
+    root = _local_root(args)
+    found = scan(root)
+    here = service_id(config.url) if config.url else None
+    groups = found.groups()
+    if args.json:
+        print(json.dumps({"root": str(root), "bytes": found.size, "budget": config.local_max_bytes or None, "groups": [
+            {"service": g.service, "this_url": g.service == here, "namespace": g.namespace, "layer": g.layer,
+             "files": g.files, "bytes": g.size, "last_used": g.last_used} for g in groups]}, indent=2))
+        return EXIT_OK
+    print(f"{'SERVICE':18}  {'NAMESPACE':16}  {'LAYER':16}  {'FILES':>6}  {'SIZE':>10}  LAST USED")
+    for g in groups:
+        mark = "*" if g.service == here else " "
+        print(f"{g.service}{mark}  {g.namespace[:16]:16}  {g.layer[:16]:16}  {g.files:>6}  {_size_text(g.size):>10}  "
+              f"{datetime.fromtimestamp(g.last_used):%Y-%m-%d %H:%M}")
+    budget = _size_text(config.local_max_bytes) if config.local_max_bytes else "no limit"
+    print(f"{root}: {plural(len(found.files), 'file')}, {_size_text(found.size)} of {budget} (KCACHE_LOCAL_MAX_BYTES)"
+          + (f"; * = {config.url}" if here and any(g.service == here for g in groups) else ""), file=sys.stderr)
+    return EXIT_OK
+
+
+def _local_rm(args: argparse.Namespace) -> int:
+    """Delete from the node's local tier what the selection names (no selector: all of it): the
+    plan, then ``--yes`` or a yes at the prompt (huggingface_hub's delete-cache). Jobs running
+    meanwhile see a miss and ask the service."""
+    from kcache_schemas import InvalidKeyError, validate_layer, validate_namespace
+    from kcache_schemas.units import format_duration
+
+    from kcache.local_tier import delete, scan, select
+
+    try:
+        namespace = validate_namespace(args.namespace) if args.namespace else None
+        layer = validate_layer(args.layer) if args.layer else None
+    except InvalidKeyError as exc:
+        raise ConfigError(str(exc)) from None
+    url = ClientConfig.from_env(given_as=_flag, url=args.url).url if args.url else None
+    root = _local_root(args)
+    found = scan(root)
+    chosen = select(found, url=url, namespace=namespace, layer=layer, unused_for_s=args.older_than)
+    named = ", ".join(x for x in (f"service {url}" if url else "", f"namespace {namespace}" if namespace else "",
+                                   f"layer {layer}" if layer else "",
+                                   f"unused for {format_duration(args.older_than)}" if args.older_than is not None else "") if x) or "everything"
+    what = f"{plural(len(chosen), 'file')} ({_size_text(sum(f.size for f in chosen))}) of {_size_text(found.size)} in {root} ({named})"
+    if not chosen:
+        print(f"kcache local rm: nothing to delete: no file in {root} matches ({named})", file=sys.stderr)
+        return EXIT_OK
+    if args.dry_run:
+        print(f"would delete {what}")
+        return EXIT_OK
+    if not args.yes:
+        declined = confirm("local rm", "delete", what)
+        if declined is not None:
+            return declined
+    count, nbytes = delete(chosen)
+    print(f"deleted {plural(count, 'file')} ({_size_text(nbytes)}) from {root}")
+    return EXIT_OK
+
+
 def _doctor(args: argparse.Namespace) -> int:
     """The effective settings and where they came from, the layers, the local tier, signing, and
     whether the service answers and takes this token: exit 1 when something stops kcache."""
@@ -861,6 +932,29 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("--workload", help="with LAYER KEY: the workload whose stored keys to compare with")
     explain.add_argument("--json", action="store_true", help="machine-readable output")
     explain.set_defaults(func=_explain)
+
+    local = sub.add_parser("local", help="this node's local tier (prefetched and fetched entries and packs): ls, rm")
+
+    def local_help(args: argparse.Namespace) -> int:  # bare `kcache local`: what there is to do
+        local.print_help()
+        return EXIT_OK
+
+    local.set_defaults(func=local_help)
+    local_sub = local.add_subparsers(dest="local_command", metavar="COMMAND")
+    local_ls = local_sub.add_parser("ls", help="the tier by service, namespace and layer: files, size, last use; * marks KCACHE_URL's service")
+    local_ls.add_argument("--url", help="mark this service's part (default: KCACHE_URL)")
+    local_ls.add_argument("--local-dir", help="the tier (default: $KCACHE_LOCAL_DIR or ~/.cache/kcache/client)")
+    local_ls.add_argument("--json", action="store_true", help="machine-readable output")
+    local_ls.set_defaults(func=_local_ls)
+    local_rm = local_sub.add_parser("rm", help="delete what the selection names (none: everything): the plan, then --yes or a yes at the prompt")
+    local_rm.add_argument("--url", help="only what came from this service")
+    local_rm.add_argument("--namespace", help="only this namespace")
+    local_rm.add_argument("--layer", help="only this layer (fx-graph, kernel, autotune, ...)")
+    local_rm.add_argument("--older-than", metavar="DURATION", type=_age, help="only what was not used for DURATION (e.g. 7d, 12h: a unit is required)")
+    local_rm.add_argument("--local-dir", help="the tier (default: $KCACHE_LOCAL_DIR or ~/.cache/kcache/client)")
+    local_rm.add_argument("--dry-run", action="store_true", help="say what would be deleted; delete nothing")
+    local_rm.add_argument("-y", "--yes", action="store_true", help="delete without asking (without it: a prompt on a terminal; elsewhere nothing is deleted, exit 1)")
+    local_rm.set_defaults(func=_local_rm)
 
     doctor = remote(sub.add_parser("doctor", help="the effective URL, namespace, token source, layers, local tier and signing, and whether the service answers and takes the token (exit 1 on a problem)"))
     doctor.add_argument("--offline", action="store_true", help="check this machine only; do not call the service")
