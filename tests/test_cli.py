@@ -7,6 +7,7 @@ setting (README, "CLI")."""
 from __future__ import annotations
 
 import base64
+import io
 import json
 import re
 import shutil
@@ -14,6 +15,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -531,3 +533,35 @@ def test_local_tier_scan_and_a_delete_that_asks_first(capsys: pytest.CaptureFixt
     assert rc == 2 and "namespace" in err
     rc, out, _ = cli(capsys, "local")
     assert rc == 0 and "rm" in out and "ls" in out
+
+
+# ---- 4d. progress on long operations ---------------------------------------------------------------
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_warm_shows_progress_on_a_terminal_and_gc_shows_the_wait(monkeypatch: pytest.MonkeyPatch, live_service, cache_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
+    """Before: ``warm`` and ``gc`` said nothing until they were done (minutes for a large
+    workload, or a GC on S3). On a terminal: a progress line; in logs and pipes: none."""
+    from kcache.fingerprint import current
+    from kcache.progress import Waiting
+
+    remote = ("--url", live_service.url)
+    assert cli(capsys, "push", str(cache_dir), *remote)[0] == 0
+    keys = sorted(d.name for d in cache_dir.iterdir())
+    manifest = WorkloadManifest(name="serving", fingerprint=current(), kernels=keys)
+    assert httpx.put(f"{live_service.url}/v1/default/workloads/serving", json=manifest.model_dump(mode="json")).status_code == 201
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    assert main(["warm", "serving", "--local-dir", str(tmp_path / "local"), *remote]) == 0
+    assert "\rwarm serving [" in terminal.getvalue() and "] 4/4 " in terminal.getvalue(), terminal.getvalue()
+    with Waiting("gc: the service is evicting", every_s=0.01):
+        while "evicting…" not in terminal.getvalue():  # a request the service answers when done
+            time.sleep(0.01)
+    assert "\rgc: the service is evicting… 0s" in terminal.getvalue() and terminal.getvalue().endswith("\r\033[K")
+    monkeypatch.undo()
+    rc, _, err = cli(capsys, "warm", "serving", "--local-dir", str(tmp_path / "local2"), *remote)
+    assert rc == 0 and "\r" not in err  # not a terminal: the summary line only

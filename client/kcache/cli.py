@@ -243,8 +243,13 @@ def _warm(args: argparse.Namespace) -> int:
     local = config.local_store()
     import time
 
+    from kcache.progress import Progress
+
     t0 = time.perf_counter()
-    counts = pull_workload(client, view, local, dest, check_target=not args.no_target_check)
+    progress = Progress(f"warm {args.workload}", len(view.kernels) + len(view.entries))
+    counts = pull_workload(client, view, local, dest, check_target=not args.no_target_check,
+                           on_entry=lambda _layer, _key: progress.advance())
+    progress.close()
     print(
         f"warmed {args.workload}: {counts['kernels']}/{plural(len(view.kernels), 'kernel')} ({_size_text(counts['kernel_bytes'])}) into {local.root}"
         f"{f' and {dest}' if dest else ''}, "
@@ -526,8 +531,12 @@ def _gc(args: argparse.Namespace) -> int:
     path = wire.path(wire.GC, namespace=client.config.namespace)
 
     def run(dry_run: bool) -> GcReport:
+        from kcache.progress import Waiting
+
         body = request.model_copy(update={"dry_run": dry_run}).model_dump(exclude_none=True)
-        report = GcReport.model_validate(client.post_json(path, body))
+        with Waiting(f"gc: the service is {'planning' if dry_run else 'evicting'}"):
+            answer = client.post_json(path, body)
+        report = GcReport.model_validate(answer)
         print(report.model_dump_json(indent=2) if args.json else format_gc_report(report))
         return report
 
