@@ -565,3 +565,38 @@ def test_warm_shows_progress_on_a_terminal_and_gc_shows_the_wait(monkeypatch: py
     monkeypatch.undo()
     rc, _, err = cli(capsys, "warm", "serving", "--local-dir", str(tmp_path / "local2"), *remote)
     assert rc == 0 and "\r" not in err  # not a terminal: the summary line only
+
+
+# ---- 4e. shell completion ---------------------------------------------------------------------------
+
+
+def test_bash_completion_offers_commands_options_and_layers(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    rc, script, _ = cli(capsys, "completion", "bash")
+    assert rc == 0 and "complete -o default -F _kcache kcache" in script
+    (tmp_path / "kcache.bash").write_text(script)
+    cases = {
+        "kcache pu": "pull push",
+        "kcache local ": "ls rm",
+        "kcache local rm --la": "--layer",
+        "kcache ls --url http://x --en": "--entries",  # an option's value is no command
+        "kcache inspect --entry fx": "fx-graph",
+        "kcache stats --format j": "json junit",
+        "kcache ls --url http://x --li": "--limit",
+        "kcache push ": "",  # a directory: the shell's own file completion
+        "kcache completion ": "bash zsh fish",
+    }
+    probe = "\n".join([f"source {tmp_path / 'kcache.bash'}"] + [
+        f'COMP_WORDS=({" ".join(repr(w) for w in (line.split(" ") if not line.endswith(" ") else [*line.split(), ""]))}); '
+        'COMP_CWORD=$(( ${#COMP_WORDS[@]} - 1 )); COMPREPLY=(); _kcache; echo "${COMPREPLY[*]}"'
+        for line in cases
+    ])
+    out = subprocess.run(["bash", "--norc", "-c", probe], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    got = dict(zip(cases, out.stdout.splitlines(), strict=True))
+    assert got == cases
+    for shell in ("zsh", "fish"):
+        rc, text, _ = cli(capsys, "completion", shell)
+        assert rc == 0 and "kcache" in text
+    assert "bashcompinit" in cli(capsys, "completion", "zsh")[1]
+    assert "complete -c kcache -n '__fish_seen_subcommand_from rm' -l entry -xa" in cli(capsys, "completion", "fish")[1]
+    assert cli(capsys, "completion", "tcsh")[0] == 2

@@ -978,7 +978,17 @@ def build_parser() -> argparse.ArgumentParser:
     stats.add_argument("-o", "--output", help="write the report here instead of stdout")
     stats.add_argument("--zero", action="store_true", help="start this machine's stats (what no --file/--run shows) over")
     stats.set_defaults(func=_stats)
+    completion = sub.add_parser("completion", help="a shell completion script: eval \"$(kcache completion bash)\" (zsh likewise; fish: > ~/.config/fish/completions/kcache.fish)")
+    completion.add_argument("shell", choices=("bash", "zsh", "fish"), help="the shell to complete kcache in")
+    completion.set_defaults(func=lambda args: _completion(parser, args.shell))
     return parser
+
+
+def _completion(parser: argparse.ArgumentParser, shell: str) -> int:
+    from kcache.completion import script
+
+    sys.stdout.write(script(shell, parser))
+    return EXIT_OK
 
 
 class _StderrWarnings(logging.Handler):
