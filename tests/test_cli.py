@@ -600,3 +600,15 @@ def test_bash_completion_offers_commands_options_and_layers(capsys: pytest.Captu
     assert "bashcompinit" in cli(capsys, "completion", "zsh")[1]
     assert "complete -c kcache -n '__fish_seen_subcommand_from rm' -l entry -xa" in cli(capsys, "completion", "fish")[1]
     assert cli(capsys, "completion", "tcsh")[0] == 2
+
+
+def test_every_argument_of_every_command_has_help() -> None:
+    """Before: ``--json`` and positional arguments without help text."""
+    import argparse
+
+    from kcache.cli import build_parser
+    from kcache.completion import _paths
+
+    bare = [f"{' '.join(path) or 'kcache'} {a.option_strings or a.dest}" for path, p in _paths(build_parser()).items()
+            for a in p._actions if not a.help and not isinstance(a, argparse._SubParsersAction)]
+    assert bare == []

@@ -873,14 +873,14 @@ def build_parser() -> argparse.ArgumentParser:
     push.set_defaults(func=_push)
 
     pull = remote(sub.add_parser("pull", help="download kernels and emit them into a Triton cache dir"))
-    pull.add_argument("keys", nargs="*", metavar="KEY")
+    pull.add_argument("keys", nargs="*", metavar="KEY", help="kernel keys: Triton's 52-char cache-dir names or their 64-hex hashes")
     pull.add_argument("--all", action="store_true", help="every kernel in the namespace")
     pull.add_argument("--dest", help="Triton cache dir (default: $TRITON_CACHE_DIR or ~/.triton/cache)")
     pull.add_argument("--no-target-check", action="store_true", help="emit kernels for other GPUs too")
     pull.set_defaults(func=_pull)
 
     warm = remote(sub.add_parser("warm", help="prefetch a workload's kernels and cache entries ahead of time"))
-    warm.add_argument("workload")
+    warm.add_argument("workload", help="a workload with a published run in this environment (kcache ls --workloads)")
     warm.add_argument("--dest", help="also write the kernel dirs into this Triton cache dir (default: only kcache's local tier)")
     warm.add_argument("--local-dir", help="kcache's local entry tier (default: $KCACHE_LOCAL_DIR or ~/.cache/kcache/client)")
     warm.add_argument("--no-target-check", action="store_true", help="emit kernels for other GPUs too")
@@ -896,9 +896,9 @@ def build_parser() -> argparse.ArgumentParser:
     ls.set_defaults(func=_ls)
 
     inspect = remote(sub.add_parser("inspect", help="show a kernel's manifest, target, sizes and files; --entry: a cache entry's signer and provenance"))
-    inspect.add_argument("key")
+    inspect.add_argument("key", help="a kernel key; with --entry, an entry key (Inductor's own, as kcache prints it, or as stored)")
     inspect.add_argument("--entry", metavar="LAYER", help="KEY is a cache entry of this layer (fx-graph, aot-autograd, autotune, triton-module, ...)")
-    inspect.add_argument("--json", action="store_true")
+    inspect.add_argument("--json", action="store_true", help="machine-readable output")
     inspect.set_defaults(func=_inspect)
 
     keygen = sub.add_parser("keygen", help="make an Ed25519 key pair for signing cache entries")
@@ -930,7 +930,7 @@ def build_parser() -> argparse.ArgumentParser:
     pin.set_defaults(func=_pin)
 
     unpin = remote(sub.add_parser("unpin", help="unpin a workload (admin)"))
-    unpin.add_argument("workload")
+    unpin.add_argument("workload", help="a pinned workload (kcache pin lists them)")
     unpin.set_defaults(func=_unpin)
 
     explain = remote(sub.add_parser("explain", help="why did it miss: for each miss, the nearest stored key and the parts that differ"))
@@ -973,7 +973,8 @@ def build_parser() -> argparse.ArgumentParser:
     stats = remote(sub.add_parser("stats", help="cache-hit statistics: this machine's, a stats file's or a run's; gate CI with --fail-under"))
     stats.add_argument("--file", help="stats file or dir written via KCACHE_STATS_FILE (default: $KCACHE_STATS_FILE, else $KCACHE_RUN_ID's run, else this machine's: every process since --zero)")
     stats.add_argument("--run", metavar="ID", help="a run on the service (KCACHE_RUN_ID of its processes)")
-    stats.add_argument("--format", choices=("text", "json", "markdown", "junit"), default="text")
+    stats.add_argument("--format", choices=("text", "json", "markdown", "junit"), default="text",
+                       help="text (default), json, markdown (a CI step summary) or junit (a CI test report)")
     stats.add_argument("--fail-under", type=hit_rate_bar, metavar="RATE", help="exit 2 if the hit rate is below RATE: 80%%, 80 or 0.8 (a number below 1 is a fraction)")
     stats.add_argument("-o", "--output", help="write the report here instead of stdout")
     stats.add_argument("--zero", action="store_true", help="start this machine's stats (what no --file/--run shows) over")
