@@ -351,10 +351,11 @@ def _ls_entries(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([{**info.model_dump(mode="json"), "shown_key": shown(layer, info.key)} for layer, info in found], indent=2))
     else:
-        print(f"{'LAYER':14}  {'KEY':64}  {'SIZE':>10}  {'SIGNED':8}  CREATED")
+        width = max([52, *(len(shown(layer, info.key)) for layer, info in found)])  # whole keys, aligned
+        print(f"{'LAYER':14}  {'KEY':{width}}  {'SIZE':>10}  {'SIGNED':8}  CREATED")
         for layer, info in found:
             signed = info.signature.key_id[:8] if info.signature else "-"
-            print(f"{layer:14}  {shown(layer, info.key):64}  {_size_text(info.size):>10}  {signed:8}  {info.created_at:%Y-%m-%d %H:%M}")
+            print(f"{layer:14}  {shown(layer, info.key):{width}}  {_size_text(info.size):>10}  {signed:8}  {info.created_at:%Y-%m-%d %H:%M}")
     print(f"{'the first ' if more else ''}{plural(len(found), 'entry')}{'; more: raise --limit' if more else ''}", file=sys.stderr)
     return 0
 

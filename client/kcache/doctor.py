@@ -82,25 +82,15 @@ def _autoload_pth() -> Path | None:
     return None
 
 
-def _tier_bytes(root: Path) -> tuple[int, int]:
-    files = size = 0
-    for dirpath, _dirs, names in os.walk(root / "entries"):
-        for name in names:
-            try:
-                size += os.stat(os.path.join(dirpath, name)).st_size
-                files += 1
-            except OSError:
-                continue
-    return files, size
-
-
 def local_checks(c: Checkup, config: ClientConfig) -> None:
     from kcache_schemas.units import format_bytes
 
+    from kcache.local_tier import scan
     from kcache.report import machine_stats_path
 
     root = config.local_root()
-    files, size = _tier_bytes(root)
+    found = scan(root)
+    files, size = len(found.files), found.size
     budget = format_bytes(config.local_max_bytes) if config.local_max_bytes else "unbounded"
     c.row("local tier", f"{root}  {files} files, {format_bytes(size)} of {budget} (KCACHE_LOCAL_DIR, KCACHE_LOCAL_MAX_BYTES; kcache local ls)")
     probe = root if root.exists() else next((p for p in root.parents if p.exists()), Path("/"))
