@@ -75,7 +75,7 @@ class Authenticator:
 
 
 class OpenServerNotice:
-    """On a server without tokens, every response says so (``X-Kcache-Auth: open``): a client
+    """On a server without tokens, every response says so (``wire.AUTH_MODE``): a client
     that sends a token can tell its user the token is not checked. ASGI, not a
     ``BaseHTTPMiddleware``: streamed downloads pass through untouched."""
 
