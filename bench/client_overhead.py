@@ -260,7 +260,7 @@ def machine() -> dict[str, Any]:
         "torch": version("torch"),
         "triton": version("triton"),
         "httpx": version("httpx"),
-        "kcache": version("kcache") or version("kcache-client"),
+        "kcache": version("kcache-server") or version("kcache-client"),
     }
 
 

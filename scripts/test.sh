@@ -18,6 +18,9 @@ python="${PYTHON:-python3}"
 # shellcheck disable=SC1091
 . .venv/bin/activate
 python -m pip install -q --upgrade pip
+# This checkout's distribution was `kcache` before it became `kcache-server` (PyPI's `kcache` is
+# another project): drop an install under the old name first, so two never own the same files.
+python -m pip uninstall -q -y kcache >/dev/null 2>&1 || true
 python -m pip install -q -e '.[dev]'
 
 if [ "${1:-}" = "--quick" ]; then

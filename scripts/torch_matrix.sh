@@ -35,6 +35,8 @@ build_one() {
     PIP_CONSTRAINT=/dev/null "$venv/bin/python" -m pip install -q "torch==$version"
   fi
   # This checkout, editable (its kcache_autoload.pth too), and what the tests import.
+  # (`kcache` is this checkout's old distribution name, now `kcache-server`: dropped first.)
+  "$venv/bin/python" -m pip uninstall -q -y kcache >/dev/null 2>&1 || true
   "$venv/bin/python" -m pip install -q -e . "${test_deps[@]}"
   echo "torch matrix: $("$venv/bin/python" -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)' 2>/dev/null) ready in $(( $(date +%s) - t0 ))s"
 }

@@ -304,3 +304,30 @@ def test_triton_bundler_payloads_upload_and_come_back_byte_for_byte(
         kdir: Path = by_key[key].dir
         on_disk = {p.name: p.read_bytes() for p in kdir.iterdir() if p.is_file()}
         assert substitute_dir(fetched, str(kdir)) == on_disk
+
+
+def test_list_entries_pages_in_key_order_with_a_prefix(client: httpx.Client, ns: str) -> None:
+    """``GET /v1/{ns}/entries/{layer}``: what ``kcache ls --entries`` shows (issue #32)."""
+    keys = [f"pt2:fx-graph-v1::k{i}:c1" for i in range(5)] + ["other"]
+    for key in keys:
+        assert client.put(f"/v1/{ns}/entries/fx-graph/{key}", content=key.encode()).status_code == 201
+    assert client.put(f"/v1/{ns}/entries/autotune/k0", content=b"t").status_code == 201
+    seen: list[str] = []
+    cursor = ""
+    while True:
+        page = client.get(f"/v1/{ns}/entries/fx-graph", params={"limit": 2, "cursor": cursor})
+        assert page.status_code == 200, page.text
+        body = page.json()
+        assert len(body["items"]) <= 2
+        seen += [e["key"] for e in body["items"]]
+        assert all(e["layer"] == "fx-graph" and e["size"] == len(e["key"]) for e in body["items"])
+        cursor = body["next_cursor"] or ""
+        if not cursor:
+            break
+    assert seen == sorted(keys)
+    prefixed = client.get(f"/v1/{ns}/entries/fx-graph", params={"prefix": "pt2:fx-graph-v1::k3"}).json()
+    assert [e["key"] for e in prefixed["items"]] == ["pt2:fx-graph-v1::k3:c1"] and prefixed["next_cursor"] is None
+    assert client.get(f"/v1/{ns}/entries/dynamo").json() == {"items": [], "next_cursor": None}
+    assert_error(client.get(f"/v1/{ns}/entries/Not_A_Layer"), 400, "invalid_key")
+    assert client.get(f"/v1/{ns}/entries/fx-graph", params={"prefix": "a/b"}).status_code == 422
+    assert client.get(f"/v1/{ns}/entries/fx-graph", params={"limit": 0}).status_code == 422

@@ -246,3 +246,29 @@ def test_settings_from_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Pa
     monkeypatch.setenv("KCACHE_TOKENS", json.dumps([{"token": "changeme", "scopes": ["read"]}]))
     with pytest.raises(ValidationError):
         Settings()
+
+
+def test_an_open_server_says_on_every_answer_that_it_checks_no_token(tmp_path: Path, auth_client: httpx.Client) -> None:
+    """Issue #32: a wrong token on an open server was accepted silently. The server still serves
+    it (open is open), and every answer says ``X-Kcache-Auth: open`` so the client can tell its
+    user; a server with tokens never says it."""
+    with inproc_client(make_settings(tmp_path / "open")) as open_client:
+        assert open_client.put("/v1/default/entries/fx-graph/k1", content=b"x", headers=_bearer("x" * 32)).status_code == 201
+        answers = [
+            open_client.get("/v1/default/entries/fx-graph/k1", headers=_bearer("x" * 32)),  # streamed body
+            open_client.get("/v1/default/entries/fx-graph"),
+            open_client.get("/v1/default/entries/fx-graph/nope"),  # an error
+            open_client.get("/healthz"),
+        ]
+        assert [a.headers.get("x-kcache-auth") for a in answers] == ["open"] * 4
+        assert answers[0].content == b"x"
+    for response in (auth_client.get("/v1/default/kernels", headers=_bearer(READ_TOKEN)), auth_client.get("/v1/default/kernels"), auth_client.get("/healthz")):
+        assert "x-kcache-auth" not in response.headers
+
+
+def test_listing_entries_needs_read_scope_on_the_namespace(auth_client: httpx.Client) -> None:
+    assert auth_client.put("/v1/team-a/entries/fx-graph/k1", content=b"x", headers=_bearer(TEAM_A_TOKEN)).status_code == 201
+    assert_error(auth_client.get("/v1/team-a/entries/fx-graph"), 401, "unauthorized")
+    assert_error(auth_client.get("/v1/team-b/entries/fx-graph", headers=_bearer(TEAM_A_TOKEN)), 403, "forbidden", "team-b")
+    listing = auth_client.get("/v1/team-a/entries/fx-graph", headers=_bearer(TEAM_A_TOKEN))
+    assert listing.status_code == 200 and [e["key"] for e in listing.json()["items"]] == ["k1"]

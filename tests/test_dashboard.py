@@ -391,3 +391,27 @@ def test_api_docs_render_in_chromium_with_no_network(tmp_path: Path) -> None:
             assert foreign == []
         finally:
             browser.close()
+
+
+@pytest.mark.slow
+def test_chart_time_labels_are_as_fine_as_the_runs_need_and_never_repeat(tmp_path: Path) -> None:
+    """Before: runs minutes apart got six x-axis labels that all read one "MM-DD HH:MM"."""
+    from live import LiveService
+
+    sync_playwright = _browser_or_skip()
+    with LiveService(tmp_path / "svc") as svc:
+        now = time.time()
+        for i, ago in enumerate((170, 110, 50)):  # three runs within three minutes
+            body = report(f"r{i}-aaaaaaaa", ended=now - ago, hits=i + 1, misses=1)
+            assert httpx.post(f"{svc.url}/v1/default/runs/ci-{i}/stats", json=body).status_code == 201
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            try:
+                page = browser.new_page()
+                page.goto(f"{svc.url}/ui")
+                page.wait_for_selector("body[data-loaded='1']")
+                labels = page.locator("#hitrate-svg text.tick").all_text_contents()
+            finally:
+                browser.close()
+    assert len(labels) == 3 and len(set(labels)) == 3, labels
+    assert all(len(label) == 8 and label.count(":") == 2 for label in labels), labels  # HH:MM:SS

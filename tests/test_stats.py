@@ -218,6 +218,7 @@ def test_formats_and_fail_under(tmp_path: Path, capsys: pytest.CaptureFixture[st
 def test_nothing_to_read_and_no_lookups(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("KCACHE_STATS_FILE", raising=False)
     monkeypatch.delenv("KCACHE_RUN_ID", raising=False)
+    monkeypatch.setenv("KCACHE_LOCAL_DIR", str(tmp_path / "local"))  # no stats of this machine yet
     assert run_cli(capsys, "--file", str(tmp_path / "missing.json"))[0] == 1
     assert run_cli(capsys)[0] == 1
     f = tmp_path / "empty.json"

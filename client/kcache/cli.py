@@ -9,22 +9,28 @@ setting (argparse's usage errors, a value that does not parse, ``KCACHE_*`` incl
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import logging
 import os
 import sys
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from kcache import __version__
 from kcache.config import ClientConfig
 from kcache.errors import ConfigError, KcacheError, NotFound, Quarantined, ServiceUnavailable
 
 if TYPE_CHECKING:
-    from kcache_schemas.models import QuarantineInfo
+    from kcache_schemas.models import EntryInfo, QuarantineInfo
     from kcache_schemas.retention import GcReport
 
+    from kcache.http import KcacheClient
+
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+T = TypeVar("T")
 
 
 def _flag(name: str) -> str:
@@ -93,21 +99,24 @@ def hit_rate_bar(raw: str) -> float:
 
 
 SERVE_ENTRY_POINTS = "kcache.serve"
+# Not on PyPI yet, and PyPI's `kcache` is an unrelated project: a hint names a checkout, never the registry.
+SERVER_INSTALL_HINT = "install kcache-server from a kcache checkout: pip install <checkout> (not on PyPI yet; PyPI's 'kcache' is another project)"
 
 
 def _serve(args: argparse.Namespace) -> int:
-    """Run the service found through the ``kcache.serve`` entry point (the ``kcache`` distribution
-    declares it; the client-only ``kcache-client`` does not): the client never imports it."""
+    """Run the service found through the ``kcache.serve`` entry point (the ``kcache-server``
+    distribution declares it; the client-only ``kcache-client`` does not): the client never
+    imports it."""
     from importlib.metadata import entry_points
 
     found = list(entry_points(group=SERVE_ENTRY_POINTS))
     try:
         serve = found[0].load() if found else None
     except ImportError as exc:
-        print(f"kcache serve: the service is installed but {exc.name} is missing: pip install kcache", file=sys.stderr)
+        print(f"kcache serve: the service is installed but {exc.name} is missing: pip install {exc.name}, or {SERVER_INSTALL_HINT}", file=sys.stderr)
         return 2
     if serve is None:
-        print("kcache serve needs the service, which this install lacks (kcache-client is the client alone): pip install kcache", file=sys.stderr)
+        print(f"kcache serve needs the service, which this install lacks (kcache-client is the client alone): {SERVER_INSTALL_HINT}", file=sys.stderr)
         return 2
     serve({"host": args.host, "port": args.port, "data_dir": args.data_dir, "workers": args.workers, "log_level": args.log_level})
     return EXIT_OK
@@ -234,8 +243,13 @@ def _warm(args: argparse.Namespace) -> int:
     local = config.local_store()
     import time
 
+    from kcache.progress import Progress
+
     t0 = time.perf_counter()
-    counts = pull_workload(client, view, local, dest, check_target=not args.no_target_check)
+    progress = Progress(f"warm {args.workload}", len(view.kernels) + len(view.entries))
+    counts = pull_workload(client, view, local, dest, check_target=not args.no_target_check,
+                           on_entry=lambda _layer, _key: progress.advance())
+    progress.close()
     print(
         f"warmed {args.workload}: {counts['kernels']}/{plural(len(view.kernels), 'kernel')} ({_size_text(counts['kernel_bytes'])}) into {local.root}"
         f"{f' and {dest}' if dest else ''}, "
@@ -268,19 +282,81 @@ def _ls_workloads(args: argparse.Namespace) -> int:
     return 0
 
 
+def _first(items: Iterator[T], limit: int | None) -> tuple[list[T], bool]:
+    """At most ``limit`` items (all with None), and whether more were left."""
+    if limit is None:
+        return list(items), False
+    taken = list(itertools.islice(items, limit + 1))
+    return taken[:limit], len(taken) > limit
+
+
+def _limit(raw: str) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{raw!r} is not a number of items (e.g. 20)") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{raw!r}: at least 1")
+    return value
+
+
 def _ls(args: argparse.Namespace) -> int:
     if args.workloads:
         return _ls_workloads(args)
+    if args.entries is not None:
+        return _ls_entries(args)
     client = _client(args)
-    entries = list(client.list_kernels(prefix=args.prefix or ""))
+    entries, more = _first(client.list_kernels(prefix=args.prefix or "", page_size=min(args.limit or 500, 500)), args.limit)
     if args.json:
         print(json.dumps([e.model_dump(mode="json") for e in entries], indent=2))
-        return 0
-    print(f"{'KEY':52}  {'NAME':32}  {'TARGET':12}  {'TRITON':8}  {'FILES':>5}  {'SIZE':>10}  CREATED")
-    for e in entries:
-        target = f"{e.target.device_type.value}:{e.target.arch}"
-        print(f"{e.key:52}  {e.kernel_name[:32]:32}  {target:12}  {e.triton_version[:8]:8}  {len(e.files):>5}  {_size_text(e.total_size):>10}  {e.created_at:%Y-%m-%d %H:%M}")
-    print(plural(len(entries), "kernel"), file=sys.stderr)
+    else:
+        print(f"{'KEY':52}  {'NAME':32}  {'TARGET':12}  {'TRITON':8}  {'FILES':>5}  {'SIZE':>10}  CREATED")
+        for e in entries:
+            target = f"{e.target.device_type.value}:{e.target.arch}"
+            print(f"{e.key:52}  {e.kernel_name[:32]:32}  {target:12}  {e.triton_version[:8]:8}  {len(e.files):>5}  {_size_text(e.total_size):>10}  {e.created_at:%Y-%m-%d %H:%M}")
+    print(f"{'the first ' if more else ''}{plural(len(entries), 'kernel')}{'; more: raise --limit' if more else ''}", file=sys.stderr)
+    return 0
+
+
+ALL_LAYERS = "all"
+
+
+def _ls_entries(args: argparse.Namespace) -> int:
+    """Cache entries, layer by layer, keys in the form every command prints and accepts."""
+    from kcache_schemas import InvalidKeyError, validate_layer, wire
+
+    from kcache.entry_keys import INDUCTOR_CACHE_IDS, shown
+    from kcache.report import INTERNAL_LAYERS
+
+    if args.entries == ALL_LAYERS:
+        layers = [layer for layer in wire.ENTRY_LAYERS if layer not in INTERNAL_LAYERS]
+    else:
+        try:
+            layers = [validate_layer(args.entries)]
+        except InvalidKeyError as exc:
+            raise ConfigError(f"--entries: {exc} (one of {', '.join(wire.ENTRY_LAYERS)})") from None
+    client = _client(args)
+    prefix = args.prefix or ""
+    found: list[tuple[str, EntryInfo]] = []
+    more = False
+    for layer in layers:
+        left = None if args.limit is None else args.limit - len(found)
+        if left == 0:
+            more = True
+            break
+        # A short prefix of an Inductor key is looked for inside the form torch stores it in.
+        wrapped = f"pt2:{INDUCTOR_CACHE_IDS[layer]}::{prefix}" if prefix and layer in INDUCTOR_CACHE_IDS and not prefix.startswith("pt2:") else prefix
+        items, more = _first(client.list_entries(layer, prefix=wrapped, page_size=min(left or 500, 500)), left)
+        found += [(layer, info) for info in items]
+    if args.json:
+        print(json.dumps([{**info.model_dump(mode="json"), "shown_key": shown(layer, info.key)} for layer, info in found], indent=2))
+    else:
+        width = max([52, *(len(shown(layer, info.key)) for layer, info in found)])  # whole keys, aligned
+        print(f"{'LAYER':14}  {'KEY':{width}}  {'SIZE':>10}  {'SIGNED':8}  CREATED")
+        for layer, info in found:
+            signed = info.signature.key_id[:8] if info.signature else "-"
+            print(f"{layer:14}  {shown(layer, info.key):{width}}  {_size_text(info.size):>10}  {signed:8}  {info.created_at:%Y-%m-%d %H:%M}")
+    print(f"{'the first ' if more else ''}{plural(len(found), 'entry')}{'; more: raise --limit' if more else ''}", file=sys.stderr)
     return 0
 
 
@@ -316,14 +392,14 @@ def _inspect_entry(args: argparse.Namespace) -> int:
     from kcache.signing import LEGACY_HMAC_MAGIC, EntrySigning
 
     try:
-        layer, key = validate_layer(args.entry), normalize_entry_key(args.key)
+        layer, given = validate_layer(args.entry), normalize_entry_key(args.key)
     except InvalidKeyError as exc:
-        raise SystemExit(f"kcache inspect: {exc}") from None
+        raise ConfigError(str(exc)) from None
     client = _client(args)
-    try:
-        info = client.entry_info(layer, key)
-    except Quarantined:
+    key, found = find_entry(client, layer, given)
+    if found is None:
         return _print_quarantine(client.quarantine_info(layer, key), args.json)
+    info = found
     stored, _ = client.get_entry(layer, key)
     header = None
     if envelope.is_signed(stored):
@@ -347,7 +423,11 @@ def _inspect_entry(args: argparse.Namespace) -> int:
             "accepted": accepted, "verdict": verdict,
         }, indent=2))
         return 1 if accepted is False else 0
-    print(f"layer          {info.layer}\nkey            {info.key}\nnamespace      {info.namespace}")
+    from kcache.entry_keys import shown
+
+    print(f"layer          {info.layer}\nkey            {shown(layer, info.key)}\nnamespace      {info.namespace}")
+    if shown(layer, info.key) != info.key:
+        print(f"stored as      {info.key}  (the REST API's key: torch's form)")
     print(f"size           {_size_text(info.size)}\nsha256         {info.sha256}\nstored         {info.created_at.isoformat()}")
     print(f"producer       {_fields(info.producer.model_dump(exclude_none=True))}")
     if header is not None:
@@ -364,6 +444,25 @@ def _inspect_entry(args: argparse.Namespace) -> int:
         print("signed by      nobody: the entry is unsigned")
     print(f"here           {verdict}")
     return 1 if accepted is False else 0
+
+
+def find_entry(client: KcacheClient, layer: str, given: str) -> tuple[str, EntryInfo | None]:
+    """The key an entry given in either form (Inductor's own, or as stored) is stored under,
+    with its info; None for the info when that key is quarantined. NotFound names what was
+    looked for."""
+    from kcache.entry_keys import stored_forms
+
+    forms = stored_forms(layer, given)
+    for key in forms:
+        try:
+            return key, client.entry_info(layer, key)
+        except Quarantined:
+            return key, None
+        except NotFound:
+            continue
+    also = f" (looked for {' and '.join(repr(f) for f in forms)})" if len(forms) > 1 else ""
+    raise NotFound(f"no {layer} entry {given!r} in namespace {client.config.namespace!r}{also}; "
+                   f"kcache ls --entries {layer} lists them")
 
 
 def _print_quarantine(q: QuarantineInfo, as_json: bool) -> int:
@@ -433,8 +532,12 @@ def _gc(args: argparse.Namespace) -> int:
     path = wire.path(wire.GC, namespace=client.config.namespace)
 
     def run(dry_run: bool) -> GcReport:
+        from kcache.progress import Waiting
+
         body = request.model_copy(update={"dry_run": dry_run}).model_dump(exclude_none=True)
-        report = GcReport.model_validate(client.post_json(path, body))
+        with Waiting(f"gc: the service is {'planning' if dry_run else 'evicting'}"):
+            answer = client.post_json(path, body)
+        report = GcReport.model_validate(answer)
         print(report.model_dump_json(indent=2) if args.json else format_gc_report(report))
         return report
 
@@ -448,18 +551,85 @@ def _gc(args: argparse.Namespace) -> int:
     if items == 0:
         return EXIT_OK
     nbytes = sum(a.bytes for a in plan.planned.values()) + plan.orphans.bytes
-    what = f"{plural(items, 'item')} ({_size_text(nbytes)}) from namespace {plan.namespace!r}"
+    declined = confirm("gc", "evict", f"{plural(items, 'item')} ({_size_text(nbytes)}) from namespace {plan.namespace!r}")
+    if declined is not None:
+        return declined
+    run(dry_run=False)  # the service plans again: what was used meanwhile is kept
+    return EXIT_OK
+
+
+def confirm(command: str, verb: str, what: str) -> int | None:
+    """Ask before deleting (no ``--yes`` given): None on a yes at the terminal; otherwise the exit
+    code, having said that nothing was deleted: 1 where stdin is no terminal to ask (a script
+    that forgot ``--yes`` must not pass), 0 on a no."""
     if not sys.stdin.isatty():
-        print(f"kcache gc: nothing deleted: pass --yes to evict {what} (stdin is not a terminal to ask)", file=sys.stderr)
+        print(f"kcache {command}: nothing deleted: pass --yes to {verb} {what} (stdin is not a terminal to ask)", file=sys.stderr)
         return EXIT_FAILED
     try:
-        answer = input(f"Evict {what}? This cannot be undone. [y/N] ")
+        answer = input(f"{verb.capitalize()} {what}? This cannot be undone. [y/N] ")
     except EOFError:
         answer = ""
     if answer.strip().lower() not in ("y", "yes"):
-        print("kcache gc: nothing deleted", file=sys.stderr)
+        print(f"kcache {command}: nothing deleted", file=sys.stderr)
         return EXIT_OK
-    run(dry_run=False)  # the service plans again: what was used meanwhile is kept
+    return None
+
+
+def _rm(args: argparse.Namespace) -> int:
+    """Delete kernels, or a layer's entries, by key (admin token): every key is looked up first
+    and a key that is not stored deletes nothing at all; then, like gc, ``--dry-run`` shows the
+    plan, ``--yes`` (or a yes at the prompt) deletes."""
+    from kcache_schemas import (
+        InvalidKeyError,
+        normalize_entry_key,
+        normalize_kernel_key,
+        validate_layer,
+        wire,
+    )
+
+    from kcache.entry_keys import shown
+
+    try:
+        layer = validate_layer(args.entry) if args.entry else None
+        given = [normalize_entry_key(k) if layer else normalize_kernel_key(k) for k in args.keys]
+    except InvalidKeyError as exc:
+        raise ConfigError(str(exc)) from None
+    client = _client(args)
+    ns = client.config.namespace
+    plan: list[tuple[str, str, int]] = []  # (stored key, shown key, size)
+    missing: list[str] = []
+    for key in dict.fromkeys(given):
+        try:
+            if layer is None:
+                plan.append((key, key, client.manifest(key).pack_size))
+            else:
+                stored, info = find_entry(client, layer, key)
+                if info is None:
+                    missing.append(f"{key} (quarantined: no node is served it; an admin lifts it with DELETE .../quarantine)")
+                else:
+                    plan.append((stored, shown(layer, stored), info.size))
+        except NotFound:
+            missing.append(key)
+    what = plural(len(given), f"{layer} entry" if layer else "kernel").split(" ", 1)[1]  # "kernels", "fx-graph entry"
+    if missing:
+        print(f"kcache rm: nothing deleted: no {what} {', '.join(missing)} in namespace {ns!r} "
+              f"(kcache ls{' --entries ' + layer if layer else ''} lists them)", file=sys.stderr)
+        return EXIT_FAILED
+    total = sum(size for _, _, size in plan)
+    for _, key, size in plan:
+        print(f"{'would delete' if args.dry_run else 'delete'}  {layer or 'kernel'} {key}  {_size_text(size)}")
+    summary = f"{len(plan)} {what} ({_size_text(total)}) from namespace {ns!r}"
+    if args.dry_run:
+        print(f"kcache rm: dry run: {summary} would be deleted", file=sys.stderr)
+        return EXIT_OK
+    if not args.yes:
+        declined = confirm("rm", "delete", summary)
+        if declined is not None:
+            return declined
+    for stored, _, _ in plan:
+        path = wire.path(wire.KERNEL, namespace=ns, key=stored) if layer is None else wire.path(wire.ENTRY, namespace=ns, layer=layer, key=stored)
+        client.delete(path)
+    print(f"deleted {summary}")
     return EXIT_OK
 
 
@@ -470,6 +640,8 @@ def format_gc_report(r: GcReport) -> str:
     from kcache_schemas.retention import REASON_BUDGET, REASON_ENV, REASON_TTL
     from kcache_schemas.units import format_bytes as size
     from kcache_schemas.units import format_duration as ago
+
+    from kcache.entry_keys import shown
 
     p = r.policy
 
@@ -500,7 +672,9 @@ def format_gc_report(r: GcReport) -> str:
         now = r.started_at
         for item in r.items[:20]:
             used = datetime.fromtimestamp(item.last_used).strftime("%Y-%m-%d %H:%M")
-            lines.append(f"    {item.kind[:18]:18} {item.key[:52]:52} {size(item.size):>9}  last used {used} ({ago(max(0.0, now - item.last_used))} ago)  {item.reason}")
+            # The whole key, as every command prints and accepts it (was cut at 52 characters).
+            key = shown(item.kind.removeprefix("entry/"), item.key)
+            lines.append(f"    {item.kind[:18]:18} {key:52} {size(item.size):>9}  last used {used} ({ago(max(0.0, now - item.last_used))} ago)  {item.reason}")
         more = len(r.items) - 20 + r.more_items
         if more > 0:
             lines.append(f"    … and {more} more")
@@ -584,6 +758,87 @@ def _explain(args: argparse.Namespace) -> int:
     return 0
 
 
+def _local_root(args: argparse.Namespace) -> Path:
+    from kcache.config import ClientConfig
+
+    return Path(args.local_dir) if args.local_dir else ClientConfig.from_env(given_as=_flag, url=args.url).local_root()
+
+
+def _local_ls(args: argparse.Namespace) -> int:
+    """The node's local tier by service, namespace and layer (huggingface_hub's scan-cache)."""
+    from datetime import datetime
+
+    from kcache.local_store import service_id
+    from kcache.local_tier import scan
+
+    config = ClientConfig.from_env(given_as=_flag, url=args.url)
+    root = _local_root(args)
+    found = scan(root)
+    here = service_id(config.url) if config.url else None
+    groups = found.groups()
+    if args.json:
+        print(json.dumps({"root": str(root), "bytes": found.size, "budget": config.local_max_bytes or None, "groups": [
+            {"service": g.service, "this_url": g.service == here, "namespace": g.namespace, "layer": g.layer,
+             "files": g.files, "bytes": g.size, "last_used": g.last_used} for g in groups]}, indent=2))
+        return EXIT_OK
+    print(f"{'SERVICE':18}  {'NAMESPACE':16}  {'LAYER':16}  {'FILES':>6}  {'SIZE':>10}  LAST USED")
+    for g in groups:
+        mark = "*" if g.service == here else " "
+        print(f"{g.service}{mark}  {g.namespace[:16]:16}  {g.layer[:16]:16}  {g.files:>6}  {_size_text(g.size):>10}  "
+              f"{datetime.fromtimestamp(g.last_used):%Y-%m-%d %H:%M}")
+    budget = _size_text(config.local_max_bytes) if config.local_max_bytes else "no limit"
+    print(f"{root}: {plural(len(found.files), 'file')}, {_size_text(found.size)} of {budget} (KCACHE_LOCAL_MAX_BYTES)"
+          + (f"; * = {config.url}" if here and any(g.service == here for g in groups) else ""), file=sys.stderr)
+    return EXIT_OK
+
+
+def _local_rm(args: argparse.Namespace) -> int:
+    """Delete from the node's local tier what the selection names (no selector: all of it): the
+    plan, then ``--yes`` or a yes at the prompt (huggingface_hub's delete-cache). Jobs running
+    meanwhile see a miss and ask the service."""
+    from kcache_schemas import InvalidKeyError, validate_layer, validate_namespace
+    from kcache_schemas.units import format_duration
+
+    from kcache.local_tier import delete, scan, select
+
+    try:
+        namespace = validate_namespace(args.namespace) if args.namespace else None
+        layer = validate_layer(args.layer) if args.layer else None
+    except InvalidKeyError as exc:
+        raise ConfigError(str(exc)) from None
+    url = ClientConfig.from_env(given_as=_flag, url=args.url).url if args.url else None
+    root = _local_root(args)
+    found = scan(root)
+    chosen = select(found, url=url, namespace=namespace, layer=layer, unused_for_s=args.older_than)
+    named = ", ".join(x for x in (f"service {url}" if url else "", f"namespace {namespace}" if namespace else "",
+                                   f"layer {layer}" if layer else "",
+                                   f"unused for {format_duration(args.older_than)}" if args.older_than is not None else "") if x) or "everything"
+    what = f"{plural(len(chosen), 'file')} ({_size_text(sum(f.size for f in chosen))}) of {_size_text(found.size)} in {root} ({named})"
+    if not chosen:
+        print(f"kcache local rm: nothing to delete: no file in {root} matches ({named})", file=sys.stderr)
+        return EXIT_OK
+    if args.dry_run:
+        print(f"would delete {what}")
+        return EXIT_OK
+    if not args.yes:
+        declined = confirm("local rm", "delete", what)
+        if declined is not None:
+            return declined
+    count, nbytes = delete(chosen)
+    print(f"deleted {plural(count, 'file')} ({_size_text(nbytes)}) from {root}")
+    return EXIT_OK
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    """The effective settings and where they came from, the layers, the local tier, signing, and
+    whether the service answers and takes this token: exit 1 when something stops kcache."""
+    from kcache.doctor import checkup
+
+    c = checkup(args.url, args.token, args.namespace, offline=args.offline)
+    print(json.dumps(c.as_json(), indent=2) if args.json else c.render())
+    return EXIT_FAILED if c.problems else EXIT_OK
+
+
 def _stats(args: argparse.Namespace) -> int:
     from kcache.report import stats_command
 
@@ -619,29 +874,32 @@ def build_parser() -> argparse.ArgumentParser:
     push.set_defaults(func=_push)
 
     pull = remote(sub.add_parser("pull", help="download kernels and emit them into a Triton cache dir"))
-    pull.add_argument("keys", nargs="*", metavar="KEY")
+    pull.add_argument("keys", nargs="*", metavar="KEY", help="kernel keys: Triton's 52-char cache-dir names or their 64-hex hashes")
     pull.add_argument("--all", action="store_true", help="every kernel in the namespace")
     pull.add_argument("--dest", help="Triton cache dir (default: $TRITON_CACHE_DIR or ~/.triton/cache)")
     pull.add_argument("--no-target-check", action="store_true", help="emit kernels for other GPUs too")
     pull.set_defaults(func=_pull)
 
     warm = remote(sub.add_parser("warm", help="prefetch a workload's kernels and cache entries ahead of time"))
-    warm.add_argument("workload")
+    warm.add_argument("workload", help="a workload with a published run in this environment (kcache ls --workloads)")
     warm.add_argument("--dest", help="also write the kernel dirs into this Triton cache dir (default: only kcache's local tier)")
     warm.add_argument("--local-dir", help="kcache's local entry tier (default: $KCACHE_LOCAL_DIR or ~/.cache/kcache/client)")
     warm.add_argument("--no-target-check", action="store_true", help="emit kernels for other GPUs too")
     warm.set_defaults(func=_warm)
 
-    ls = remote(sub.add_parser("ls", help="list kernels in the namespace"))
-    ls.add_argument("--prefix", help="key prefix")
-    ls.add_argument("--json", action="store_true")
+    ls = remote(sub.add_parser("ls", help="list kernels in the namespace; --entries: cache entries; --workloads: workloads"))
+    ls.add_argument("--prefix", help="key prefix (of Inductor's own key, for fx-graph, aot-autograd, dynamo-pgo entries)")
+    ls.add_argument("--limit", type=_limit, metavar="N", help="list at most N (default: all)")
+    ls.add_argument("--entries", nargs="?", const=ALL_LAYERS, metavar="LAYER",
+                    help="list cache entries: of every layer, or of LAYER (fx-graph, aot-autograd, autotune, triton-module, dynamo, jit, ...)")
+    ls.add_argument("--json", action="store_true", help="machine-readable output")
     ls.add_argument("--workloads", action="store_true", help="list workloads and their environment fingerprints")
     ls.set_defaults(func=_ls)
 
     inspect = remote(sub.add_parser("inspect", help="show a kernel's manifest, target, sizes and files; --entry: a cache entry's signer and provenance"))
-    inspect.add_argument("key")
+    inspect.add_argument("key", help="a kernel key; with --entry, an entry key (Inductor's own, as kcache prints it, or as stored)")
     inspect.add_argument("--entry", metavar="LAYER", help="KEY is a cache entry of this layer (fx-graph, aot-autograd, autotune, triton-module, ...)")
-    inspect.add_argument("--json", action="store_true")
+    inspect.add_argument("--json", action="store_true", help="machine-readable output")
     inspect.set_defaults(func=_inspect)
 
     keygen = sub.add_parser("keygen", help="make an Ed25519 key pair for signing cache entries")
@@ -660,13 +918,20 @@ def build_parser() -> argparse.ArgumentParser:
     gc.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for the service to finish (default 900)")
     gc.set_defaults(func=_gc)
 
+    rm = remote(sub.add_parser("rm", aliases=["delete"], help="delete kernels, or cache entries of a layer, by key (admin token): the plan, then --yes or a yes at the prompt"))
+    rm.add_argument("keys", nargs="+", metavar="KEY", help="kernel keys (52-char or 64-hex); with --entry, entry keys (Inductor's own or as stored)")
+    rm.add_argument("--entry", metavar="LAYER", help="the keys are entries of this layer (fx-graph, aot-autograd, autotune, ...)")
+    rm.add_argument("--dry-run", action="store_true", help="show what would be deleted; delete nothing")
+    rm.add_argument("-y", "--yes", action="store_true", help="delete without asking (without it: a prompt on a terminal; elsewhere nothing is deleted, exit 1)")
+    rm.set_defaults(func=_rm)
+
     pin = remote(sub.add_parser("pin", help="pin a workload: its kernels and entries are never evicted (admin); no name: list pins"))
     pin.add_argument("workload", nargs="?", help="a workload with a published run (kcache ls --workloads)")
     pin.add_argument("--ahead", action="store_true", help="pin a workload before its first run is published")
     pin.set_defaults(func=_pin)
 
     unpin = remote(sub.add_parser("unpin", help="unpin a workload (admin)"))
-    unpin.add_argument("workload")
+    unpin.add_argument("workload", help="a pinned workload (kcache pin lists them)")
     unpin.set_defaults(func=_unpin)
 
     explain = remote(sub.add_parser("explain", help="why did it miss: for each miss, the nearest stored key and the parts that differ"))
@@ -678,19 +943,74 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("--json", action="store_true", help="machine-readable output")
     explain.set_defaults(func=_explain)
 
-    stats = remote(sub.add_parser("stats", help="cache-hit statistics of a stats file or a run; gate CI with --fail-under"))
-    stats.add_argument("--file", help="stats file or dir written via KCACHE_STATS_FILE (default: $KCACHE_STATS_FILE)")
+    local = sub.add_parser("local", help="this node's local tier (prefetched and fetched entries and packs): ls, rm")
+
+    def local_help(args: argparse.Namespace) -> int:  # bare `kcache local`: what there is to do
+        local.print_help()
+        return EXIT_OK
+
+    local.set_defaults(func=local_help)
+    local_sub = local.add_subparsers(dest="local_command", metavar="COMMAND")
+    local_ls = local_sub.add_parser("ls", help="the tier by service, namespace and layer: files, size, last use; * marks KCACHE_URL's service")
+    local_ls.add_argument("--url", help="mark this service's part (default: KCACHE_URL)")
+    local_ls.add_argument("--local-dir", help="the tier (default: $KCACHE_LOCAL_DIR or ~/.cache/kcache/client)")
+    local_ls.add_argument("--json", action="store_true", help="machine-readable output")
+    local_ls.set_defaults(func=_local_ls)
+    local_rm = local_sub.add_parser("rm", help="delete what the selection names (none: everything): the plan, then --yes or a yes at the prompt")
+    local_rm.add_argument("--url", help="only what came from this service")
+    local_rm.add_argument("--namespace", help="only this namespace")
+    local_rm.add_argument("--layer", help="only this layer (fx-graph, kernel, autotune, ...)")
+    local_rm.add_argument("--older-than", metavar="DURATION", type=_age, help="only what was not used for DURATION (e.g. 7d, 12h: a unit is required)")
+    local_rm.add_argument("--local-dir", help="the tier (default: $KCACHE_LOCAL_DIR or ~/.cache/kcache/client)")
+    local_rm.add_argument("--dry-run", action="store_true", help="say what would be deleted; delete nothing")
+    local_rm.add_argument("-y", "--yes", action="store_true", help="delete without asking (without it: a prompt on a terminal; elsewhere nothing is deleted, exit 1)")
+    local_rm.set_defaults(func=_local_rm)
+
+    doctor = remote(sub.add_parser("doctor", help="the effective URL, namespace, token source, layers, local tier and signing, and whether the service answers and takes the token (exit 1 on a problem)"))
+    doctor.add_argument("--offline", action="store_true", help="check this machine only; do not call the service")
+    doctor.add_argument("--json", action="store_true", help="machine-readable output")
+    doctor.set_defaults(func=_doctor)
+
+    stats = remote(sub.add_parser("stats", help="cache-hit statistics: this machine's, a stats file's or a run's; gate CI with --fail-under"))
+    stats.add_argument("--file", help="stats file or dir written via KCACHE_STATS_FILE (default: $KCACHE_STATS_FILE, else $KCACHE_RUN_ID's run, else this machine's: every process since --zero)")
     stats.add_argument("--run", metavar="ID", help="a run on the service (KCACHE_RUN_ID of its processes)")
-    stats.add_argument("--format", choices=("text", "json", "markdown", "junit"), default="text")
+    stats.add_argument("--format", choices=("text", "json", "markdown", "junit"), default="text",
+                       help="text (default), json, markdown (a CI step summary) or junit (a CI test report)")
     stats.add_argument("--fail-under", type=hit_rate_bar, metavar="RATE", help="exit 2 if the hit rate is below RATE: 80%%, 80 or 0.8 (a number below 1 is a fraction)")
     stats.add_argument("-o", "--output", help="write the report here instead of stdout")
+    stats.add_argument("--zero", action="store_true", help="start this machine's stats (what no --file/--run shows) over")
     stats.set_defaults(func=_stats)
+    completion = sub.add_parser("completion", help="a shell completion script: eval \"$(kcache completion bash)\" (zsh likewise; fish: > ~/.config/fish/completions/kcache.fish)")
+    completion.add_argument("shell", choices=("bash", "zsh", "fish"), help="the shell to complete kcache in")
+    completion.set_defaults(func=lambda args: _completion(parser, args.shell))
     return parser
+
+
+def _completion(parser: argparse.ArgumentParser, shell: str) -> int:
+    from kcache.completion import script
+
+    sys.stdout.write(script(shell, parser))
+    return EXIT_OK
+
+
+class _StderrWarnings(logging.Handler):
+    """kcache's warnings (a token an open server does not check, ...) on the stderr of the moment."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        print(record.getMessage(), file=sys.stderr)
+
+
+def _warnings_to_stderr() -> None:
+    logger = logging.getLogger("kcache")
+    if not any(isinstance(h, _StderrWarnings) for h in logger.handlers):
+        handler = _StderrWarnings(logging.WARNING)
+        logger.addHandler(handler)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    _warnings_to_stderr()
     if args.command is None:  # bare `kcache`: what there is to do
         parser.print_help()
         return EXIT_OK

@@ -73,6 +73,25 @@ def inductor_json(stored: bytes) -> bytes:
     return json.dumps({"data": base64.b64encode(payload).decode("ascii"), **header}).encode("ascii")
 
 
+_TIME_TAKEN = re.compile(rb'"time_taken_ms":\s*(\d+(?:\.\d+)?)\s*}\s*$')
+
+
+def recorded_compile_time_s(entry: bytes) -> float | None:
+    """The compile time Inductor recorded in an FX-graph or AOTAutograd entry (``time_taken_ms``),
+    from the envelope's header or the end of Inductor's JSON; None where it is not there. Read
+    from the head or the tail only: entries run to hundreds of MB (max-autotune), and this runs on
+    the compile thread."""
+    if entry.startswith(MAGIC):
+        try:
+            header = decode(entry[: len(MAGIC) + _HEADER_LEN + int.from_bytes(entry[len(MAGIC) : len(MAGIC) + _HEADER_LEN], "big")])
+        except ValueError:
+            return None
+        taken = header[0].get("time_taken_ms") if header is not None else None
+        return float(taken) / 1000 if isinstance(taken, (int, float)) and not isinstance(taken, bool) and taken >= 0 else None
+    match = _TIME_TAKEN.search(entry[-128:])
+    return float(match.group(1)) / 1000 if match else None
+
+
 def pickled_graph(stored: bytes) -> bytes:
     """The pickle inside a stored entry, envelope or Inductor's JSON. Raises ValueError."""
     decoded = decode(stored)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import logging
 import tarfile
 import time
 from collections.abc import Iterable, Iterator
@@ -26,6 +27,7 @@ from kcache_schemas import (
     wire,
 )
 from kcache_schemas.errors import STATUS
+from kcache_schemas.models import EntryList
 from kcache_schemas.pack import DEFAULT_LIMITS, MEDIA_TYPE
 
 from kcache import __version__
@@ -33,6 +35,7 @@ from kcache.breaker import CircuitBreaker
 from kcache.config import ClientConfig
 from kcache.errors import InvalidPack, NotFound, ServiceUnavailable, raise_for_status
 
+log = logging.getLogger("kcache")
 _MISSING_BATCH = 5_000
 _BATCH_GET = 1_000
 # A slow body must still flow at this rate to earn time beyond the deadline (see _send).
@@ -98,6 +101,8 @@ class KcacheClient:
         self._ns = config.namespace
         self._base = config.url.rstrip("/")  # errors name the service they could not reach
         self._last_refused = False
+        # The last answer said the server has no tokens (``wire.AUTH_MODE``); None before any.
+        self.server_open: bool | None = None
 
     def close(self) -> None:
         self._http.close()
@@ -125,6 +130,7 @@ class KcacheClient:
                 self._last_refused = False
                 if response.status_code < 500 or response.status_code in _ANSWERS:
                     self.breaker.success()
+                    self._note_auth(response)
                     raise_for_status(response)
                     return response
                 last = ServiceUnavailable(f"{method} {self._base}{path}: HTTP {response.status_code}")
@@ -133,6 +139,14 @@ class KcacheClient:
         self.breaker.failure()
         assert last is not None
         raise last
+
+    def _note_auth(self, response: httpx.Response) -> None:
+        """A token sent to a server without tokens is checked by nobody: say so, once."""
+        was_open = self.server_open
+        self.server_open = response.headers.get(wire.AUTH_MODE) == wire.AUTH_OPEN
+        if self.server_open and not was_open and self.config.token:
+            log.warning("kcache: the service at %s has no tokens (open, loopback only): the token given "
+                        "(KCACHE_TOKEN or --token) is not checked; anyone on that host can read and write", self._base)
 
     def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         """One attempt, body read under a total deadline and a size cap.
@@ -235,6 +249,18 @@ class KcacheClient:
                 return
 
     # ---- opaque entries -------------------------------------------------------------------
+
+    def list_entries(self, layer: str, prefix: str = "", page_size: int = 500) -> Iterator[EntryInfo]:
+        """A layer's entries in key order (``wire.ENTRY_LIST``), page by page."""
+        cursor = ""
+        while True:
+            r = self._request("GET", wire.path(wire.ENTRY_LIST, namespace=self._ns, layer=layer),
+                              params={"limit": page_size, "cursor": cursor, "prefix": prefix})
+            page = EntryList.model_validate(r.json())
+            yield from page.items
+            cursor = page.next_cursor or ""
+            if not cursor:
+                return
 
     def get_entry(self, layer: str, key: str) -> tuple[bytes, float | None]:
         """Entry bytes and the producer's compile time (for "time saved"), or NotFound."""

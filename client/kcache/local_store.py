@@ -142,6 +142,12 @@ class LocalEntryStore:
         return sum(size for _mtime, size, _path in _files(self.tier))
 
 
+def tier_files(root: Path) -> Iterator[tuple[float, int, Path]]:
+    """``(mtime, size, path)`` of every entry file of the local tier at ``root`` (every service
+    and namespace), as the eviction pass sees them (``kcache local``)."""
+    return _files(root / ENTRIES_DIR)
+
+
 def _files(tier: Path) -> Iterator[tuple[float, int, Path]]:
     """``(mtime, size, path)`` of every entry file; temp files of writers still running are
     left out unless they are old (a writer that crashed)."""

@@ -16,7 +16,6 @@ import functools
 import hashlib
 import importlib
 import logging
-import re
 import sys
 from typing import Any
 
@@ -74,15 +73,10 @@ def service_key(key: str) -> str:
         return "h:" + hashlib.sha256(key.encode()).hexdigest()
 
 
-_TIME_TAKEN = re.compile(rb'"time_taken_ms":\s*(\d+(?:\.\d+)?)\s*}\s*$')
-
-
 def _compile_time_s(data: bytes) -> float | None:
     """FX-graph and AOTAutograd entries are ``json.dumps({"data": <base64>, "time_taken_ms": N})``:
-    credit N as compile time saved. Read from the tail only: the entries run to hundreds of MB
-    (max-autotune), and this runs on the compile thread."""
-    match = _TIME_TAKEN.search(data[-128:])
-    return float(match.group(1)) / 1000 if match else None
+    credit N as compile time saved."""
+    return fx_graph_entries.recorded_compile_time_s(data)
 
 
 def _backend_base() -> type:

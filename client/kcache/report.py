@@ -17,6 +17,7 @@ import sys
 import uuid
 from dataclasses import replace
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from xml.etree import ElementTree as ET
 
@@ -92,7 +93,7 @@ def describe(doc: StatsDocument) -> str:
     if doc.namespace:
         extra.append(f"namespace {doc.namespace}")
     if extra:
-        parts.append(f"({', '.join(extra)})")
+        parts.append(f"({', '.join(extra)})" if parts else ", ".join(extra))  # no "(namespace x)" alone
     n = doc.processes or 1
     text = " ".join(parts)
     return f"{text}, {n} process{'es' if n != 1 else ''}" if text else f"{n} process{'es' if n != 1 else ''}"
@@ -124,6 +125,8 @@ def summary_line(doc: StatsDocument) -> str:
 
 # ---- formats -------------------------------------------------------------------------------------
 
+SAVED_NOTE = ("  (est.: the compile time the producers recorded, of the layer that saved most: layers nest, an\n"
+              "  AOTAutograd entry's time covers its FX graphs' and their kernels', so they are not added up)")
 _COLUMNS = ("hits", "misses", "errors", "lookups", "hit rate", "puts", "put errors", "down", "up", "kcache s", "saved s")
 
 
@@ -165,6 +168,8 @@ def format_text(doc: StatsDocument, fail_under: float | None = None) -> str:
         rows.append((f"Bar (--fail-under {fail_under:g}%)", verdict))
     width = max(len(k) for k, _ in rows)
     lines += [f"{k:<{width}}  {v:>12}" for k, v in rows]
+    if t.saved_s:
+        lines.append(SAVED_NOTE)
     if layers:
         lines += ["", "Per layer"]
         table = [["layer", *_COLUMNS]] + [[name, *_row(c)] for name, c in layers.items()]
@@ -332,11 +337,23 @@ def render(doc: StatsDocument, fmt: str = "text", fail_under: float | None = Non
 # ---- at exit -------------------------------------------------------------------------------------
 
 
+MACHINE_STATS = "stats.json"  # in the local tier's root, beside entries/ and locks/
+
+
+def machine_stats_path(cfg: ClientConfig) -> Path:
+    """This machine's stats: every process that used kcache merged in at exit, until
+    ``kcache stats --zero`` (what ``kcache stats`` shows with no argument, like sccache's)."""
+    return cfg.local_root() / MACHINE_STATS
+
+
 def at_exit(cfg: ClientConfig, stats: Stats, service_down: bool = False) -> None:
-    """Called when a runtime has closed: write ``KCACHE_STATS_FILE``, print the summary line
-    (``KCACHE_REPORT=1``), send the stats to ``KCACHE_RUN_ID`` on the service (not when the
-    service is known to be down). Never raises."""
-    if not (cfg.stats_file or cfg.report or (cfg.run_id and cfg.enabled)):
+    """Called when a runtime has closed: merge the process's stats into this machine's, write
+    ``KCACHE_STATS_FILE``, print the summary line (``KCACHE_REPORT=1``), send the stats to
+    ``KCACHE_RUN_ID`` on the service (not when the service is known to be down). Never raises."""
+    if not stats.snapshot() and not stats.document().verification:
+        # A process that did no cache work (an idle compile worker, a runtime replaced before
+        # use) reports nothing: it would only add noise lines and inflate the process count.
+        # One whose workload prefetch brought what it never asked for reports that finding.
         return
     try:
         from kcache.fingerprint import current
@@ -347,11 +364,10 @@ def at_exit(cfg: ClientConfig, stats: Stats, service_down: bool = False) -> None
     except Exception as exc:
         warn_once("could not collect stats at exit", exc)
         return
-    if not doc.layers and not doc.verification:
-        # A process that did no cache work (an idle compile worker, a runtime replaced before
-        # use) reports nothing: it would only add noise lines and inflate the process count.
-        # One whose workload prefetch brought what it never asked for reports that finding.
-        return
+    try:
+        write_stats(machine_stats_path(cfg), doc)
+    except Exception as exc:  # a read-only HOME: the machine's record is a convenience, not a promise
+        log.debug("kcache: could not record this machine's stats: %s", exc)
     if cfg.stats_file:
         try:
             write_stats(cfg.stats_file, doc)
@@ -426,6 +442,21 @@ def fetch_run(args: argparse.Namespace, run_id: str) -> StatsDocument:
     return RunAggregate.model_validate(body).document()
 
 
+def _when(ts: float | None) -> str:
+    return datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M") if ts else "the start"
+
+
+def _zero(machine: Path, given: bool) -> int:
+    """``kcache stats --zero``: start this machine's stats over (sccache's ``--zero-stats``)."""
+    if given:
+        print("kcache stats: --zero starts this machine's stats over; it takes no --file or --run", file=sys.stderr)
+        return 2
+    with contextlib.suppress(FileNotFoundError):
+        machine.unlink()
+    print(f"kcache stats: this machine's stats start over ({machine})")
+    return 0
+
+
 def stats_command(args: argparse.Namespace) -> int:
     """``kcache stats``: 0 when fine, 2 when under ``--fail-under``, 1 when there is nothing to read."""
     from kcache.errors import NotFound
@@ -436,6 +467,9 @@ def stats_command(args: argparse.Namespace) -> int:
     from kcache.config import ClientConfig
 
     env = ClientConfig.from_env()
+    machine = machine_stats_path(env)
+    if args.zero:
+        return _zero(machine, given=bool(args.file or args.run))
     source_file = args.file or (None if args.run else env.stats_file)
     run_id = args.run or (None if source_file else env.run_id)
     try:
@@ -443,8 +477,13 @@ def stats_command(args: argparse.Namespace) -> int:
             doc = load_stats(source_file)
         elif run_id:
             doc = fetch_run(args, run_id)
+        elif machine.is_file():
+            doc = load_stats(machine)
+            print(f"kcache stats: this machine ({machine}): every process since "
+                  f"{_when(doc.started_at)}; --file/--run for one job, --zero to start over", file=sys.stderr)
         else:
-            print("kcache stats: give --file PATH or --run ID (or set KCACHE_STATS_FILE / KCACHE_RUN_ID)", file=sys.stderr)
+            print(f"kcache stats: no stats recorded on this machine yet ({machine}: every process that uses kcache "
+                  "adds to it at exit); give --file PATH or --run ID (or set KCACHE_STATS_FILE / KCACHE_RUN_ID)", file=sys.stderr)
             return 1
     except (FileNotFoundError, ValueError) as exc:
         print(f"kcache stats: {exc}", file=sys.stderr)

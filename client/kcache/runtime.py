@@ -22,7 +22,7 @@ from kcache_schemas.signature import SignatureError
 if TYPE_CHECKING:
     from kcache.workload import Prefetcher
 
-from kcache import __version__
+from kcache import __version__, fx_graph_entries
 from kcache._process import claim_prefetch
 from kcache.after_import import imported
 from kcache.config import ClientConfig
@@ -37,6 +37,8 @@ from kcache.uploader import EntryUpload, KernelDirUpload, KernelUpload, Uploader
 
 log = logging.getLogger("kcache")
 KERNEL_LAYER = wire.CacheLayer.KERNEL.value
+# Entries that carry the compile time Inductor recorded (``time_taken_ms``).
+RECORDS_COMPILE_TIME = frozenset({wire.CacheLayer.FX_GRAPH.value, wire.CacheLayer.AOT_AUTOGRAD.value})
 T = TypeVar("T")
 # Run at the start of every Runtime.close(), before uploads are flushed: layers whose entries
 # exist only once the job's compiles are done (Dynamo's precompile packages) hand them over here.
@@ -315,6 +317,10 @@ class Runtime:
             finally:
                 if lock is not None:
                     lock.release()
+        if compile_time is None and layer in RECORDS_COMPILE_TIME:
+            # From the local tier or a prefetch (no service header): the time Inductor recorded
+            # in the entry, so the same hit credits the same whichever tier served it.
+            compile_time = fx_graph_entries.recorded_compile_time_s(data)
         self.stats.hit(layer, len(data), compile_time or 0.0)
         with self._lock:
             self.used_entries.add((layer, key))

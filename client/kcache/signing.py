@@ -11,7 +11,7 @@ Two schemes behind one interface (:class:`EntrySigning`):
 
 * Ed25519 (``KCACHE_SIGNING_PRIVATE_KEY`` signs, ``KCACHE_TRUSTED_KEYS`` lists the public keys
   accepted; a process that signs also trusts its own key). Whoever can verify cannot forge.
-  Needs ``cryptography`` (``pip install 'kcache-client[signing]'``).
+  Needs ``cryptography`` (``pip install cryptography``, kcache-client's ``[signing]`` extra).
 * HMAC-SHA256 (``KCACHE_SIGNING_KEY``): one shared secret signs and verifies; simple setups.
   Entries from kcache before the envelope (``KCSIG1``) still verify with it.
 
@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 # The envelope of kcache 0.1 (HMAC only, no provenance): ``KCSIG1 | hmac(layer, key, data) | data``.
 LEGACY_HMAC_MAGIC = b"KCSIG1"
 _LEGACY_MAC_LEN = 32
-INSTALL_HINT = "pip install 'kcache-client[signing]' (or 'cryptography')"
+INSTALL_HINT = "pip install cryptography (kcache-client's [signing] extra)"
 
 
 class SigningUnavailable(Exception):

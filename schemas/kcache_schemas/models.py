@@ -233,6 +233,13 @@ class EntryInfo(_Model):
     signature: EntrySignature | None = None
 
 
+class EntryList(_Model):
+    """One page of a layer's entries, in key order; ``next_cursor`` continues after the last."""
+
+    items: list[EntryInfo]
+    next_cursor: str | None = None
+
+
 class QuarantineRequest(_Model):
     """A client's report that torch could not load an entry kcache handed it."""
 

@@ -236,7 +236,7 @@ def _ed25519_valid(public_key: bytes, signature: bytes, message: bytes) -> bool:
         from cryptography.exceptions import InvalidSignature
         from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
     except ImportError:
-        raise SignatureError("unavailable", "Ed25519 needs the cryptography package (pip install 'kcache-client[signing]')") from None
+        raise SignatureError("unavailable", "Ed25519 needs the cryptography package (pip install cryptography)") from None
     try:
         Ed25519PublicKey.from_public_bytes(public_key).verify(signature, message)
     except (InvalidSignature, ValueError):

@@ -21,6 +21,7 @@ KERNELS_MISSING = f"{KERNELS}:missing"
 KERNELS_BATCH_GET = f"{KERNELS}:batch-get"
 ENTRIES = f"{API}/{{namespace}}/entries"
 ENTRY = f"{ENTRIES}/{{layer}}/{{key}}"
+ENTRY_LIST = f"{ENTRIES}/{{layer}}"  # GET: a layer's entries, paginated like KERNELS
 ENTRY_INFO = f"{ENTRY}/info"
 # POST: report that torch could not load the entry (write scope); GET: the report; DELETE: lift it
 # (admin). A quarantined entry answers 404 ``quarantined`` to every node and refuses re-uploads.
@@ -51,6 +52,10 @@ COMPILE_TIME = "X-Kcache-Compile-Time"  # the producer's compile time, seconds: 
 PRODUCER = "X-Kcache-Producer"  # kcache/<version> of the uploading client
 TOTAL_SIZE = "X-Kcache-Total-Size"  # a kernel's unpacked size, on HEAD/GET
 TARGET = "X-Kcache-Target"  # device_type:arch:warp_size of a kernel
+# On every response of a server without tokens: it checks none, so a client that sends one can
+# say so (a wrong token on an open server was accepted silently).
+AUTH_MODE = "X-Kcache-Auth"
+AUTH_OPEN = "open"
 
 
 # ---- cache layers ------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from fastapi import FastAPI
 from kcache_schemas import PackLimits
 
 from kcache_server import __version__, openapi
-from kcache_server.auth import Authenticator
+from kcache_server.auth import Authenticator, OpenServerNotice
 from kcache_server.bodies import BodyDeadline
 from kcache_server.budget import MemoryBudget
 from kcache_server.gc import Collector, GcScheduler
@@ -85,6 +85,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(ui.router)
     app.include_router(docs.router)
     app.add_middleware(BodyDeadline, idle_s=settings.body_idle_timeout_s, total_s=settings.body_timeout_s)
+    if app.state.auth.open:
+        app.add_middleware(OpenServerNotice)
     instrument(app)  # /metrics, request metrics middleware (outside BodyDeadline), backend error counts
     openapi.install(app)  # error responses and path rules in /openapi.json
     return app

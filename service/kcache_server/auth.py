@@ -10,6 +10,11 @@ import hashlib
 import hmac
 from dataclasses import dataclass
 
+from kcache_schemas import wire
+from starlette.datastructures import MutableHeaders
+from starlette.types import ASGIApp, Message, Receive, Send
+from starlette.types import Scope as AsgiScope
+
 from kcache_server.errors import Forbidden, Unauthorized
 from kcache_server.settings import Scope, TokenGrant
 
@@ -67,3 +72,24 @@ class Authenticator:
         if not principal.allows(namespace, scope):
             raise Forbidden(f"token {principal.name!r} lacks {scope!r} on namespace {namespace!r}")
         return principal
+
+
+class OpenServerNotice:
+    """On a server without tokens, every response says so (``wire.AUTH_MODE``): a client
+    that sends a token can tell its user the token is not checked. ASGI, not a
+    ``BaseHTTPMiddleware``: streamed downloads pass through untouched."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: AsgiScope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_noting(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                MutableHeaders(scope=message).append(wire.AUTH_MODE, wire.AUTH_OPEN)
+            await send(message)
+
+        await self.app(scope, receive, send_noting)

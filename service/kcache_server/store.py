@@ -613,6 +613,10 @@ class CacheStore:
     def entry_info(self, namespace: str, layer: str, key: str) -> EntryInfo:
         return EntryInfo.model_validate_json(self._entry_record(namespace, layer, key).meta)
 
+    def list_entries(self, namespace: str, layer: str, after: str, prefix: str, limit: int) -> list[EntryInfo]:
+        records = self.index.list(namespace, entry_kind(layer), after=after, prefix=prefix, limit=limit)
+        return [EntryInfo.model_validate_json(r.meta) for r in records]
+
     def delete_entry(self, namespace: str, layer: str, key: str) -> None:
         kind = entry_kind(layer)
         record = self.index.get(namespace, kind, key)

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Request, Response
+from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from kcache_schemas import EntryInfo, Producer, QuarantineInfo, QuarantineRequest, wire
+from kcache_schemas.models import EntryList
 
 from kcache_server.deps import (
     CanAdmin,
@@ -29,6 +30,8 @@ from kcache_server.responses import blob_response
 from kcache_server.signatures import admit_entry, registered_keys, supersedes
 
 router = APIRouter(tags=["entries"])
+# A cursor or prefix: the start of an entry key (its characters; may be empty).
+ENTRY_KEY_PREFIX_PATTERN = r"^[A-Za-z0-9_.:=+-]*$"
 
 
 def _headers(info: EntryInfo) -> dict[str, str]:
@@ -78,6 +81,18 @@ def head_entry(namespace: Namespace, layer: Layer, key: EntryKey, store: StoreDe
 @router.get(wire.ENTRY_INFO, response_model=EntryInfo, summary="An entry's metadata, with its signer and provenance if signed")
 def entry_info(namespace: Namespace, layer: Layer, key: EntryKey, store: StoreDep, _: CanRead) -> EntryInfo:
     return store.entry_info(namespace, layer, key)
+
+
+@router.get(wire.ENTRY_LIST, response_model=EntryList, summary="List a layer's entries (paginated, in key order)")
+def list_entries(
+    namespace: Namespace, layer: Layer, store: StoreDep, _: CanRead,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    cursor: Annotated[str, Query(max_length=512, pattern=ENTRY_KEY_PREFIX_PATTERN)] = "",
+    prefix: Annotated[str, Query(max_length=512, pattern=ENTRY_KEY_PREFIX_PATTERN)] = "",
+) -> EntryList:
+    items = store.list_entries(namespace, layer, cursor, prefix, limit + 1)
+    next_cursor = items[limit - 1].key if len(items) > limit else None
+    return EntryList(items=items[:limit], next_cursor=next_cursor)
 
 
 @router.delete(wire.ENTRY, status_code=204, summary="Remove an entry (admin)")

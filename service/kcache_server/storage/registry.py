@@ -2,7 +2,7 @@
 
 ``file:///path`` and ``sqlite:///path`` ship with the service; ``s3://`` needs boto3 and
 ``redis://``/``rediss://``/``redis+cluster://`` need redis-py: a missing SDK is a clear error
-naming the extra to install (the fsspec registry habit).
+naming the package to install (the fsspec registry habit).
 """
 
 from __future__ import annotations
@@ -13,16 +13,16 @@ from urllib.parse import unquote, urlsplit
 
 from kcache_server.storage.base import BlobStore, Index
 
-# scheme -> (module, class, pip extra that provides its SDK)
+# scheme -> (module, class, the SDK to pip install: kcache-server's [s3] / [redis] extras carry it)
 _BLOB_BACKENDS = {
     "file": ("kcache_server.storage.file_blobs", "FileBlobStore", None),
-    "s3": ("kcache_server.storage.s3_blobs", "S3BlobStore", "kcache[s3]"),
+    "s3": ("kcache_server.storage.s3_blobs", "S3BlobStore", "boto3"),
 }
 _INDEX_BACKENDS = {
     "sqlite": ("kcache_server.storage.sqlite_index", "SqliteIndex", None),
-    "redis": ("kcache_server.storage.redis_index", "RedisIndex", "kcache[redis]"),
-    "rediss": ("kcache_server.storage.redis_index", "RedisIndex", "kcache[redis]"),
-    "redis+cluster": ("kcache_server.storage.redis_index", "RedisIndex", "kcache[redis]"),
+    "redis": ("kcache_server.storage.redis_index", "RedisIndex", "redis"),
+    "rediss": ("kcache_server.storage.redis_index", "RedisIndex", "redis"),
+    "redis+cluster": ("kcache_server.storage.redis_index", "RedisIndex", "redis"),
 }
 
 
@@ -34,11 +34,11 @@ def _load(table: dict[str, tuple[str, str, str | None]], url: str, what: str) ->
     scheme = urlsplit(url).scheme
     if scheme not in table:
         raise BackendConfigError(f"unknown {what} URL scheme {scheme!r} in {url!r}; use one of {sorted(table)}")
-    module, cls, extra = table[scheme]
+    module, cls, sdk = table[scheme]
     try:
         return getattr(importlib.import_module(module), cls)  # type: ignore[no-any-return]
     except ImportError as exc:
-        hint = f"; install it with: pip install '{extra}'" if extra else ""
+        hint = f"; install it with: pip install {sdk}" if sdk else ""
         raise BackendConfigError(f"{what} backend {scheme!r} needs {exc.name}{hint}") from exc
 
 

@@ -102,7 +102,7 @@
       .map((r) => ({ ...r, t: r.ended_at || r.started_at }))
       .sort((a, b) => a.t - b.t);
     if (!points.length) {
-      box.replaceChildren(el("div", { class: "empty" }, "No runs with lookups yet. Clients report runs when KCACHE_RUN_ID is set."));
+      box.replaceChildren(el("div", { class: "empty" }, "No runs with lookups yet. A job's processes report their statistics when KCACHE_RUN_ID is set (e.g. the CI job id); jobs without it still show in the top kernels by hits, below."));
       return;
     }
     const W = 900, H = 260, L = 44, R = 16, T = 12, B = 30;
@@ -117,10 +117,23 @@
       root.append(svg("line", { class: "grid", x1: L, x2: W - R, y1: y(g), y2: y(g) }));
       root.append(svg("text", { class: "axis", x: L - 6, y: y(g) + 4, "text-anchor": "end" }, g + "%"));
     }
+    // Time labels as fine as the span needs (runs minutes apart repeated one "MM-DD HH:MM"
+    // label six times); a tick whose label equals the previous one is left out.
+    const span = tMax - tMin;
+    const label = (t) => {
+      const iso = new Date(t * 1000).toISOString();
+      if (span < 300) return iso.slice(11, 19); // HH:MM:SS
+      if (span < 86400) return iso.slice(11, 16); // HH:MM
+      return iso.slice(5, 16).replace("T", " "); // MM-DD HH:MM
+    };
     const ticks = Math.min(6, points.length);
+    let previous = null;
     for (let i = 0; i < ticks; i++) {
       const t = ticks === 1 ? points[0].t : tMin + ((tMax - tMin) * i) / (ticks - 1);
-      root.append(svg("text", { class: "axis", x: x(t), y: H - 8, "text-anchor": "middle" }, fmtTime(t).slice(5)));
+      const text = label(t);
+      if (text === previous) continue;
+      previous = text;
+      root.append(svg("text", { class: "axis tick", x: x(t), y: H - 8, "text-anchor": "middle" }, text));
     }
     const series = new Map();
     for (const p of points) {
@@ -170,7 +183,7 @@
     const body = $("runs-table").tBodies[0];
     body.replaceChildren();
     if (!runs.length) {
-      body.append(el("tr", {}, el("td", { colspan: 11, class: "empty" }, "No runs reported in this namespace yet.")));
+      body.append(el("tr", {}, el("td", { colspan: 11, class: "empty" }, "No runs reported in this namespace yet: set KCACHE_RUN_ID in a job (its processes report at exit).")));
       return;
     }
     for (const r of runs.slice(0, 25)) {
