@@ -37,3 +37,9 @@ def bound(protocol_s: float, probes: float, reference_s: float | None = None) ->
     """``protocol_s`` (what configuration makes the operation wait) plus ``probes`` times the
     reference (by default :func:`probe_s` measured now)."""
     return protocol_s + probes * (probe_s() if reference_s is None else reference_s)
+
+
+# A hang guard for a job a test waits on (a subprocess, a child interpreter): not a bound on how
+# long the job may take. A job that takes 30 s idle took over 300 s at load 12 on 2 cores, so the
+# guard sits far above any loaded run, under pytest-timeout's 1800 s (the suite's backstop).
+HANG_S = 1500.0

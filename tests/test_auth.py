@@ -14,7 +14,7 @@ from kcache_server.settings import Settings
 from pydantic import ValidationError
 
 from kcache_testkit.kernels import Kernel
-from kcache_testkit.pace import bound
+from kcache_testkit.pace import HANG_S, bound
 
 pytest.register_assert_rewrite("api_helpers")
 
@@ -208,7 +208,7 @@ def test_kcache_serve_refuses_open_non_loopback_bind(tmp_path: Path) -> None:
     start = time.monotonic()
     proc = subprocess.run(
         [*kcache_cmd(), "serve", "--host", "0.0.0.0", "--port", "0", "--data-dir", str(tmp_path / "d")],
-        capture_output=True, text=True, timeout=60, env=clean_env(),
+        capture_output=True, text=True, timeout=HANG_S, env=clean_env(),
     )
     assert proc.returncode != 0
     assert "refusing to bind 0.0.0.0 without tokens" in proc.stderr

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from kcache_testkit.netfaults import FaultServer
+from kcache_testkit.pace import HANG_S
 from kcache_testkit.service import clean_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.torch]
@@ -67,7 +68,7 @@ def probe(tmp_path: Path, *imports: str, **env: str) -> dict[str, Any]:
     environ = clean_env(KCACHE_LOCAL_DIR=str(tmp_path / "kcache-local"), **env)
     environ.pop("TRITON_CACHE_MANAGER", None)
     proc = subprocess.run(
-        [sys.executable, "-c", PROBE, ",".join(WATCHED), *imports], capture_output=True, text=True, timeout=180, env=environ, cwd=tmp_path
+        [sys.executable, "-c", PROBE, ",".join(WATCHED), *imports], capture_output=True, text=True, timeout=HANG_S, env=environ, cwd=tmp_path
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = next(x for x in proc.stdout.splitlines() if x.startswith("PROBE"))
@@ -157,7 +158,7 @@ def test_a_bogus_url_breaks_neither_the_import_nor_the_compile_path(tmp_path: Pa
     env.pop("TRITON_CACHE_MANAGER", None)
     proc = subprocess.run(
         [sys.executable, "-c", BOGUS_URL_SCRIPT, str(tmp_path / "triton")],
-        capture_output=True, text=True, timeout=180, env=env, cwd=tmp_path,
+        capture_output=True, text=True, timeout=HANG_S, env=env, cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split() == ["OK", "None"], (proc.stdout, proc.stderr[-2000:])

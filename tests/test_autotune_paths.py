@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from kcache_testkit.nodes import Node
+from kcache_testkit.pace import HANG_S
 
 pytest.importorskip("torch")
 pytestmark = pytest.mark.torch
@@ -32,7 +33,7 @@ def run(node: Node, kernel_file: str, **kcache: str) -> dict[str, Any]:
     stats = node.root / "stats.json"
     stats.unlink(missing_ok=True)
     env = node.env(KCACHE_STATS_FILE=str(stats), **kcache)
-    proc = subprocess.run([sys.executable, str(JOB), kernel_file], env=env, cwd=node.root, capture_output=True, text=True, timeout=180)
+    proc = subprocess.run([sys.executable, str(JOB), kernel_file], env=env, cwd=node.root, capture_output=True, text=True, timeout=HANG_S)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     result: dict[str, Any] = json.loads(next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))[7:])
     doc = json.loads(stats.read_text())

@@ -23,7 +23,7 @@ from kcache_schemas.pack import read_kernel_dir  # noqa: E402
 from torch._inductor import config as inductor_config  # noqa: E402
 from torch._inductor.triton_bundler import TritonBundler  # noqa: E402
 
-from kcache_testkit.pace import bound  # noqa: E402
+from kcache_testkit.pace import HANG_S, bound  # noqa: E402
 
 pytest_plugins = ["live"]
 
@@ -98,7 +98,7 @@ def test_fresh_process_read_and_emit_restores_identical_dirs(live_service, real_
 
     os.utime(broken, (time.time() - 7200,) * 2)
     env = {**os.environ, "TRITON_CACHE_DIR": str(node), "KCACHE_AUTOLOAD": "0"}
-    out = subprocess.run([sys.executable, "-c", _READ_AND_EMIT, str(bundle_file), live_service.url], env=env, capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", _READ_AND_EMIT, str(bundle_file), live_service.url], env=env, capture_output=True, text=True, timeout=HANG_S)
     assert out.returncode == 0, out.stderr
     import json
 
@@ -292,7 +292,7 @@ def test_a_job_that_exits_right_after_collect_still_uploads(ending: str, live_se
     # uploads are this process's first contact with it.
     env.update(KCACHE_AUTOLOAD="0", KCACHE_TRITON_MANAGER="0", HOME=str(tmp_path / "home"), TMPDIR=str(tmp_path), PYTHONPATH=os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]))
     out = subprocess.run(
-        [sys.executable, "-c", _COLLECT_AND_EXIT, live_service.url, ending], env=env, capture_output=True, text=True, timeout=120,
+        [sys.executable, "-c", _COLLECT_AND_EXIT, live_service.url, ending], env=env, capture_output=True, text=True, timeout=HANG_S,
     )
     assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr[-3000:]
     keys = json.loads(out.stdout.split("KEYS ", 1)[1])

@@ -26,6 +26,7 @@ from kcache.cli import main
 from kcache.stats import Stats, write_stats
 from kcache_schemas.models import EnvFingerprint, WorkloadManifest
 
+from kcache_testkit.pace import HANG_S
 from kcache_testkit.ports import free_port
 from kcache_testkit.service import clean_env
 
@@ -286,7 +287,7 @@ def test_serve_on_a_taken_port_says_so_before_serving(tmp_path: Path) -> None:
         taken.bind(("127.0.0.1", port))
         taken.listen()
         proc = subprocess.run([sys.executable, "-m", "kcache.cli", "serve", "--port", str(port), "--data-dir", str(tmp_path)],
-                              capture_output=True, text=True, timeout=60, env=clean_env(KCACHE_AUTOLOAD="0"))
+                              capture_output=True, text=True, timeout=HANG_S, env=clean_env(KCACHE_AUTOLOAD="0"))
     assert proc.returncode == 1, proc.stderr
     assert f"kcache: cannot serve on 127.0.0.1:{port}: port {port} is taken" in proc.stderr
     assert "serving on" not in proc.stderr and "Traceback" not in proc.stderr
@@ -311,7 +312,7 @@ def test_stats_with_no_argument_shows_this_machines_processes_until_zero(
     env = clean_env(KCACHE_URL=live_service.url, KCACHE_LOCAL_DIR=str(local), KCACHE_AUTOLOAD="0")
     idle = "from kcache.config import ClientConfig; from kcache.current import ensure_runtime; ensure_runtime(ClientConfig.from_env())"  # no cache work: adds nothing
     for code in (job, job, idle):
-        proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+        proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=HANG_S)
         assert proc.returncode == 0, proc.stderr
     rc, out, err = cli(capsys, "stats")
     assert rc == 0 and "kcache stats: this machine (" in err and "--zero to start over" in err
@@ -590,7 +591,7 @@ def test_bash_completion_offers_commands_options_and_layers(capsys: pytest.Captu
         'COMP_CWORD=$(( ${#COMP_WORDS[@]} - 1 )); COMPREPLY=(); _kcache; echo "${COMPREPLY[*]}"'
         for line in cases
     ])
-    out = subprocess.run(["bash", "--norc", "-c", probe], capture_output=True, text=True, timeout=60)
+    out = subprocess.run(["bash", "--norc", "-c", probe], capture_output=True, text=True, timeout=HANG_S)
     assert out.returncode == 0, out.stderr
     got = dict(zip(cases, out.stdout.splitlines(), strict=True))
     assert got == cases

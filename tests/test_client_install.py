@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from kcache_testkit.pace import HANG_S
 from kcache_testkit.service import ServerProcess, clean_env
 
 pytestmark = pytest.mark.slow
@@ -68,10 +69,10 @@ def client_venv(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
                 if stale.is_dir():
                     shutil.rmtree(stale, ignore_errors=True)
             t0 = time.perf_counter()
-            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, env=venv_env(), timeout=300)
+            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, env=venv_env(), timeout=HANG_S)
             proc = subprocess.run(
                 [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "./client"],
-                cwd=REPO, env=venv_env(), capture_output=True, text=True, timeout=600,
+                cwd=REPO, env=venv_env(), capture_output=True, text=True, timeout=HANG_S,
             )
             if proc.returncode != 0:
                 shutil.rmtree(venv, ignore_errors=True)
@@ -96,7 +97,7 @@ def kernel_dirs(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
 
 def run(venv: Path, *args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
     exe = args[0] if args[0].startswith("/") else str(venv / "bin" / args[0])
-    return subprocess.run([exe, *args[1:]], capture_output=True, text=True, timeout=300, cwd=cwd, env=venv_env(**env))
+    return subprocess.run([exe, *args[1:]], capture_output=True, text=True, timeout=HANG_S, cwd=cwd, env=venv_env(**env))
 
 
 def test_installs_alone_without_service_or_torch_dependencies(client_venv: Path, tmp_path: Path) -> None:

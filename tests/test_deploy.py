@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from kcache_testkit.pace import HANG_S
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / ".ci" / "validate-deploy.sh"
 CHART = ROOT / "helm" / "kcache"
@@ -74,7 +76,7 @@ def _helm_template(helm: str, tmp_path: Path, *values: Path) -> subprocess.Compl
     cmd = [helm, "template", "kcache", str(CHART), "--namespace", "kcache"]
     for v in values:
         cmd += ["-f", str(v)]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=HANG_S, env=env)
 
 
 @pytest.mark.parametrize(

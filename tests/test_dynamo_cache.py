@@ -19,6 +19,8 @@ from typing import Any
 import pytest
 from test_host_safety import Node
 
+from kcache_testkit.pace import HANG_S
+
 torch = pytest.importorskip("torch")
 
 pytestmark = pytest.mark.torch
@@ -52,7 +54,7 @@ def run_node(node: Node, prelude: str = "", **kcache: str) -> dict[str, Any]:
     stats = node.root / "stats.json"
     env = node.env(TORCH_CACHING_PRECOMPILE="1", KCACHE_STATS_FILE=str(stats), **kcache)
     argv = [sys.executable, "-c", f"{prelude}\nimport runpy; runpy.run_path({str(JOB)!r}, run_name='__main__')"] if prelude else [sys.executable, str(JOB)]
-    proc = subprocess.run(argv, env=env, cwd=node.root, capture_output=True, text=True, timeout=240)
+    proc = subprocess.run(argv, env=env, cwd=node.root, capture_output=True, text=True, timeout=HANG_S)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-4000:]
     line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))
     result: dict[str, Any] = json.loads(line[len("RESULT "):])
@@ -310,7 +312,7 @@ def test_torch_failing_on_a_package_kcache_supplied_compiles_as_on_a_miss(live_s
     (entry,) = (tmp_path / "a" / "tmp").glob("torchinductor_*/dynamo/*/entry")
     entry.write_bytes(_unloadable_copy(entry.read_bytes()))
     env = Node(tmp_path / "a").env(TORCH_CACHING_PRECOMPILE="1", **fleet)
-    proc = subprocess.run([sys.executable, str(JOB)], env=env, cwd=tmp_path / "a", capture_output=True, text=True, timeout=240)
+    proc = subprocess.run([sys.executable, str(JOB)], env=env, cwd=tmp_path / "a", capture_output=True, text=True, timeout=HANG_S)
     assert proc.returncode == 1 and "TypeError: DefaultsSource.__init__()" in proc.stderr, proc.stderr[-3000:]
 
 

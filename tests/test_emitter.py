@@ -20,6 +20,7 @@ from kcache_schemas.pack import pack_kernel_dir, read_kernel_dir, read_pack
 
 from kcache_testkit.corpus import _compile_env, cached_corpus, compile_small, corpus_specs
 from kcache_testkit.kernels import triton_cache_hits
+from kcache_testkit.pace import HANG_S
 
 pytestmark = pytest.mark.torch
 
@@ -175,7 +176,7 @@ def test_16_processes_emitting_200_kernels_at_once_leave_intact_dirs(tmp_path: P
     for p in procs:
         assert p.stdout is not None
         p.stdout.read()  # drain progress lines so no child blocks on a full pipe
-        assert p.wait(timeout=300) == 0
+        assert p.wait(timeout=HANG_S) == 0
 
     names = {p.name for p in dest.iterdir()}
     assert names == {d.name for d in kernel_dirs}  # no staging or quarantine leftovers

@@ -20,6 +20,7 @@ from kcache_schemas import wire
 from kcache_schemas.explain import Component, KeyComponents, diff, nearest, parse_debug_lines
 
 from kcache_testkit.nodes import Node
+from kcache_testkit.pace import HANG_S
 
 pytest.importorskip("torch")
 
@@ -35,7 +36,7 @@ def run_job(node: Node, url: str, workload: str, job: Path = JOB, **env: str) ->
     """One ``torch.compile`` job (tests/host_job.py) on ``node``; its process and stats file."""
     stats = node.root / "stats.json"
     proc = subprocess.run(
-        [sys.executable, str(job)], capture_output=True, text=True, cwd=node.root, timeout=300, stdin=subprocess.DEVNULL,
+        [sys.executable, str(job)], capture_output=True, text=True, cwd=node.root, timeout=HANG_S, stdin=subprocess.DEVNULL,
         env=node.env(KCACHE_URL=url, KCACHE_WORKLOAD=workload, KCACHE_STATS_FILE=str(stats), HOST_JOB="compile", **env),
     )
     return proc, stats

@@ -15,6 +15,7 @@ from kcache.config import ClientConfig
 from kcache.fx_graph_entries import MAGIC
 from kcache.http import KcacheClient
 
+from kcache_testkit.pace import HANG_S
 from kcache_testkit.service import with_testkit
 
 pytest_plugins = ["live"]
@@ -37,7 +38,7 @@ def run_node(tmp: Path, name: str, url: str, **env: str) -> dict:  # type: ignor
         "TRITON_DEFAULT_FP_FUSION": "1",
         **env,
     }
-    proc = subprocess.run([sys.executable, str(JOB)], env=with_testkit(full_env), capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, str(JOB)], env=with_testkit(full_env), capture_output=True, text=True, timeout=HANG_S)
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("REPORT "))
     return json.loads(line[len("REPORT ") :])  # type: ignore[no-any-return]
@@ -48,7 +49,7 @@ def run_job(script: str | Path, *args: str, **env: str) -> Any:
     setting, and return the JSON on its last stdout line."""
     base = {k: v for k, v in os.environ.items() if not k.startswith(("KCACHE_", "TRITON_"))}
     cmd = [sys.executable, str(script)] if isinstance(script, Path) else [sys.executable, "-c", script]
-    out = subprocess.run([*cmd, *args], env=with_testkit({**base, **env}), capture_output=True, text=True, timeout=120)
+    out = subprocess.run([*cmd, *args], env=with_testkit({**base, **env}), capture_output=True, text=True, timeout=HANG_S)
     assert out.returncode == 0, out.stderr[-2000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 

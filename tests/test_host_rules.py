@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 
+from kcache_testkit.pace import HANG_S
+
 torch = pytest.importorskip("torch")
 
 pytestmark = pytest.mark.torch
@@ -214,7 +216,7 @@ def test_the_fingerprint_is_the_same_before_and_after_import_torch(tmp_path: Any
         "print(json.dumps([before, after, torch.version.cuda, torch.version.hip]))\n"
     )
     env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("KCACHE_")}
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env={**env, "KCACHE_AUTOLOAD": "0"}, timeout=120)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env={**env, "KCACHE_AUTOLOAD": "0"}, timeout=HANG_S)
     assert out.returncode == 0, out.stderr[-2000:]
     before, after, cuda, hip = __import__("json").loads(out.stdout.strip().splitlines()[-1])
     assert before == after

@@ -34,7 +34,7 @@ import pytest
 
 from kcache_testkit.netfaults import FaultServer, Request, http_response, tar_stream
 from kcache_testkit.nodes import Node
-from kcache_testkit.pace import bound
+from kcache_testkit.pace import HANG_S, bound
 from kcache_testkit.service import REPO, ServerProcess, kcache_cmd
 
 pytest.importorskip("torch")
@@ -198,7 +198,7 @@ def test_kcache_warm_then_the_job(service: ServerProcess, baseline, tmp_path: Pa
 
     def warm(i: int) -> None:
         proc = subprocess.run(
-            [*kcache_cmd(), "warm", "warmed"], capture_output=True, text=True, timeout=120,
+            [*kcache_cmd(), "warm", "warmed"], capture_output=True, text=True, timeout=HANG_S,
             env=node.env(KCACHE_URL=service.url), cwd=node.root,
         )
         assert proc.returncode == 0, proc.stderr[-2000:]

@@ -39,6 +39,7 @@ from kcache_testkit.netfaults import (
     tar_stream,
     tree,
 )
+from kcache_testkit.pace import HANG_S
 from kcache_testkit.service import clean_env
 
 NS = "default"
@@ -292,7 +293,7 @@ def runtime(url: str) -> Runtime:
 def cli_pull(url: str, dest: Path, *keys: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "kcache.cli", "pull", *keys, "--dest", str(dest), "--url", url],
-        capture_output=True, text=True, timeout=120, cwd=cwd, env=clean_env(KCACHE_AUTOLOAD="0"),
+        capture_output=True, text=True, timeout=HANG_S, cwd=cwd, env=clean_env(KCACHE_AUTOLOAD="0"),
     )
 
 

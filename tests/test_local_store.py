@@ -16,6 +16,8 @@ from kcache.config import DEFAULT_LOCAL_MAX_BYTES, ClientConfig, parse_bytes
 from kcache.errors import ConfigError
 from kcache.local_store import LocalEntryStore
 
+from kcache_testkit.pace import HANG_S
+
 URL = "http://cache.example:8765"
 
 
@@ -105,7 +107,7 @@ def test_processes_sharing_a_tier_keep_it_bounded_and_whole(tmp_path: Path) -> N
         for i in range(procs)
     ]
     for p in running:
-        _out, err = p.communicate(timeout=120)
+        _out, err = p.communicate(timeout=HANG_S)
         assert p.returncode == 0, err.decode()[-2000:]
     store = LocalEntryStore(tmp_path, "ns", url="http://shared", max_bytes=budget)
     files = entry_files(store)

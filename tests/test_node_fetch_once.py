@@ -30,6 +30,7 @@ import httpx
 import pytest
 
 from kcache_testkit.nodes import Node
+from kcache_testkit.pace import HANG_S
 from kcache_testkit.service import ServerProcess, clean_env, with_testkit
 
 pytest.importorskip("torch")
@@ -77,7 +78,7 @@ def _start(node: Node, rank: int, url: str, **extra: str) -> subprocess.Popen[st
 
 
 def _report(proc: subprocess.Popen[str]) -> dict[str, Any]:
-    out, err = proc.communicate(timeout=600)
+    out, err = proc.communicate(timeout=HANG_S)
     assert proc.returncode == 0, err[-3000:]
     assert "Traceback" not in err, err[-3000:]
     line = next(ln for ln in out.splitlines() if ln.startswith("REPORT "))
@@ -223,7 +224,7 @@ def test_processes_of_a_node_fetch_an_entry_they_all_need_once(tmp_path: Path) -
         env = with_testkit(node.env(KCACHE_AUTOLOAD="0"))
         procs = [subprocess.Popen([sys.executable, "-c", FETCH_ENTRY, server.url, key], env=env,
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(4)]
-        outs = [p.communicate(timeout=300) for p in procs]
+        outs = [p.communicate(timeout=HANG_S) for p in procs]
     assert all(p.returncode == 0 for p in procs), [err[-2000:] for _out, err in outs]
     assert [json.loads(out.strip().splitlines()[-1]) for out, _err in outs] == [{"size": len(blob), "errors": 0}] * 4
     assert len(gets) == 1, gets

@@ -39,6 +39,7 @@ from kcache_server.store import CacheStore
 from pydantic import ValidationError
 
 from kcache_testkit.kernels import Kernel
+from kcache_testkit.pace import HANG_S
 
 pytest_plugins = ["api_helpers"]
 
@@ -580,7 +581,7 @@ def test_serve_refuses_invalid_retention_in_one_line(tmp_path: Path) -> None:
 
     env = clean_env(KCACHE_RETENTION='{"default": {"min_age": "soon"}}')
     proc = subprocess.run([sys.executable, "-m", "kcache.cli", "serve", "--data-dir", str(tmp_path)], env=env,
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=HANG_S)
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines() == [
         "kcache: invalid settings: KCACHE_RETENTION: default.min_age: 'soon': not a duration; use a number with a unit: "

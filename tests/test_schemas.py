@@ -20,6 +20,8 @@ from kcache_schemas import (
 from kcache_schemas.models import validate_filename
 from pydantic import ValidationError
 
+from kcache_testkit.pace import HANG_S
+
 _B32 = string.ascii_uppercase + "234567"
 
 
@@ -249,5 +251,5 @@ def test_the_package_exports_each_name_from_its_home_and_wire_alone_loads_no_pyd
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         kcache_schemas.nope  # noqa: B018
     probe = "import sys; from kcache_schemas import wire; print(sorted(m for m in sys.modules if m.startswith('pydantic')))"
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True).stdout
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=HANG_S, check=True).stdout
     assert out.strip() == "[]", out

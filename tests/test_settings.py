@@ -23,6 +23,7 @@ from kcache_server.server import serve
 from kcache_server.settings import Settings
 
 from kcache_testkit.nodes import Node
+from kcache_testkit.pace import HANG_S
 
 pytest_plugins = ["live"]
 
@@ -216,7 +217,7 @@ def _stored(url: str) -> int:
 def _job(node: Node, url: str, **env: str) -> subprocess.CompletedProcess[str]:
     """A Triton user (tests/triton_kernel_job.py) activated by the .pth, in its own HOME."""
     return subprocess.run(
-        [sys.executable, str(KERNEL_JOB)], capture_output=True, text=True, cwd=node.root, timeout=300, stdin=subprocess.DEVNULL,
+        [sys.executable, str(KERNEL_JOB)], capture_output=True, text=True, cwd=node.root, timeout=HANG_S, stdin=subprocess.DEVNULL,
         env=node.env(KCACHE_URL=url, KCACHE_WORKLOAD="settings", KERNEL_NUM_WARPS="4", KCACHE_STATS_FILE=str(node.root / "stats.json"), **env),
     )
 

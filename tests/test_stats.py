@@ -25,6 +25,8 @@ from kcache.stats import Stats, load_stats, stats_target, write_stats
 from kcache_schemas.models import EnvFingerprint
 from kcache_schemas.stats import RunStatsReport, StatsDocument, total
 
+from kcache_testkit.pace import HANG_S
+
 pytest_plugins = ["live"]
 
 REPO = Path(__file__).resolve().parent.parent
@@ -103,7 +105,7 @@ _WRITER = textwrap.dedent(
 def test_many_processes_merge_into_one_file_without_losing_counts(tmp_path: Path) -> None:
     target = tmp_path / "stats" / "kcache.json"  # parent created on demand
     procs = [subprocess.Popen([sys.executable, "-c", _WRITER, str(target), "10"], env=client_env(tmp_path)) for _ in range(6)]
-    assert all(p.wait(timeout=60) == 0 for p in procs)
+    assert all(p.wait(timeout=HANG_S) == 0 for p in procs)
     doc = load_stats(target)
     assert doc.processes == 60 and doc.run_id == "ci-7"
     assert doc.layers["kernel"].hits == 60 and doc.layers["kernel"].bytes_down == 6000
@@ -116,7 +118,7 @@ def test_a_directory_gets_one_file_per_process_and_merges_on_read(tmp_path: Path
     d = tmp_path / "statsdir"
     d.mkdir()
     procs = [subprocess.Popen([sys.executable, "-c", _WRITER, str(d), "2"], env=client_env(tmp_path)) for _ in range(3)]
-    assert all(p.wait(timeout=60) == 0 for p in procs)
+    assert all(p.wait(timeout=HANG_S) == 0 for p in procs)
     files = sorted(d.iterdir())
     assert len(files) == 3 and all(f.name.startswith("kcache-stats-") and f.suffix == ".json" for f in files)
     doc = load_stats(d)
@@ -251,7 +253,7 @@ def test_service_down_shows_errors_not_misses_everywhere(tmp_path: Path, capsys:
     env = client_env(tmp_path, KCACHE_URL=f"http://127.0.0.1:{closed_port()}", KCACHE_STATS_FILE=str(stats_file),
                      KCACHE_REPORT="1", KCACHE_RUN_ID="down-1")
     out = subprocess.run([sys.executable, "-c", _DOWN_JOB, str(tmp_path / "triton"), *keys], env=env,
-                         capture_output=True, text=True, timeout=60)
+                         capture_output=True, text=True, timeout=HANG_S)
     assert out.returncode == 0, out.stderr
     line = next(ln for ln in out.stderr.splitlines() if ln.startswith("kcache: "))
     assert line.startswith("kcache: 0 hits, 0 misses, 4 errors (0.0% hit rate) | fx-graph 0/1 (1 errors) | kernel 0/3 (3 errors)")
@@ -292,7 +294,7 @@ def test_backend_outage_reaches_the_run_aggregate_as_errors(live_service, real_k
     store.blobs.get = store.blobs.open = down
     env = client_env(tmp_path, KCACHE_URL=live_service.url, KCACHE_RUN_ID="outage-1", KCACHE_REPORT="1")
     out = subprocess.run([sys.executable, "-c", _DOWN_JOB, str(tmp_path / "triton"), key], env=env,
-                         capture_output=True, text=True, timeout=60)
+                         capture_output=True, text=True, timeout=HANG_S)
     assert out.returncode == 0, out.stderr
     assert "kcache: 0 hits, 1 misses, 1 errors" in out.stderr  # the fx-graph entry is a real miss
     rc, text, _ = run_cli(capsys, "--run", "outage-1", "--url", live_service.url, "--format", "json")
@@ -349,7 +351,7 @@ def test_a_job_twice_cold_then_warm(live_service, real_kernel_dirs, tmp_path: Pa
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
     def finish(p: subprocess.Popen[str]) -> tuple[dict[str, Any], str]:
-        out, err = p.communicate(timeout=180)
+        out, err = p.communicate(timeout=HANG_S)
         assert p.returncode == 0, err
         return json.loads(out.strip().splitlines()[-1]), err
 
@@ -395,7 +397,7 @@ def test_a_job_twice_cold_then_warm(live_service, real_kernel_dirs, tmp_path: Pa
     for run_id, failures in (("ci-1", "2"), ("ci-2", "0")):
         xml_file = tmp_path / f"{run_id}.xml"
         cli = subprocess.run([sys.executable, "-m", "kcache.cli", "stats", "--run", run_id, "--url", url, "--format", "junit",
-                              "--fail-under", "80", "-o", str(xml_file)], env=client_env(tmp_path), capture_output=True, text=True, timeout=60)
+                              "--fail-under", "80", "-o", str(xml_file)], env=client_env(tmp_path), capture_output=True, text=True, timeout=HANG_S)
         assert cli.returncode == (2 if run_id == "ci-1" else 0), cli.stderr
         suite = ET.parse(xml_file).getroot()
         assert suite.tag == "testsuite" and suite.get("failures") == failures

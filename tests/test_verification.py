@@ -20,6 +20,7 @@ from kcache_schemas import wire
 
 from kcache_testkit.kernels import real_kernels
 from kcache_testkit.nodes import Node
+from kcache_testkit.pace import HANG_S
 
 pytest.importorskip("torch")
 
@@ -32,7 +33,7 @@ JOB = Path(__file__).with_name("host_job.py")
 def run_job(node: Node, url: str, **env: str) -> Path:
     stats = node.root / "stats.json"
     proc = subprocess.run(
-        [sys.executable, str(JOB)], capture_output=True, text=True, cwd=node.root, timeout=300, stdin=subprocess.DEVNULL,
+        [sys.executable, str(JOB)], capture_output=True, text=True, cwd=node.root, timeout=HANG_S, stdin=subprocess.DEVNULL,
         env=node.env(KCACHE_URL=url, KCACHE_STATS_FILE=str(stats), HOST_JOB="compile", **env),
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
