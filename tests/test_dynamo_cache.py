@@ -344,3 +344,24 @@ def test_a_package_torch_cannot_load_is_not_uploaded(live_service, precompile_on
     assert (tmp_path / "inductor" / "dynamo" / quad_id / "entry").exists()  # torch's own copy stays
     said = [r.getMessage() for r in caplog.records if "cannot be loaded" in r.getMessage()]
     assert len(said) == 1 and "DefaultsSource" in said[0], said
+
+
+def test_stats_keep_the_largest_torch_timers_the_document_holds() -> None:
+    """A node that loads a Dynamo package and then traces again runs more distinct torch timers
+    than the stats document holds (64): kcache wrote no stats at all there ("could not collect
+    stats at exit"); now it keeps the largest."""
+    from kcache.phases import torch_phases
+    from kcache.stats import Stats
+    from torch._dynamo.utils import compilation_time_metrics
+
+    added = {f"kcache_test_timer_{i}": [float(i + 1)] for i in range(70)}
+    compilation_time_metrics.update(added)
+    try:
+        phases = torch_phases()
+        assert len(phases) == 64 and phases["kcache_test_timer_69"] == 70.0
+        stats = Stats()
+        stats.set_phases(phases)
+        assert stats.document().phases == phases
+    finally:
+        for name in added:
+            compilation_time_metrics.pop(name, None)
