@@ -7,7 +7,8 @@ compiles an ``nn.Module`` with a graph break and runs one training step (forward
 prints ``RESULT <json>``: the outputs and gradients, and torch's own cache counters. With
 ``DYNAMO_JOB_FORWARD_ONLY=1`` it runs the forward alone: AOTAutograd saves a training graph only
 once its backward is compiled, so torch's package of that job lacks its graphs ("Backend not
-found") and marks their code bypassed.
+found") and marks their code bypassed. ``DYNAMO_JOB_BATCH=N`` (default 8): the input's batch size;
+a package compiled for another one fails its shape guards, so Dynamo traces again.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ class Net(torch.nn.Module):
 
 torch.manual_seed(0)
 model = Net()
-x = torch.randn(8, 16)
+x = torch.randn(int(os.environ.get("DYNAMO_JOB_BATCH", "8")), 16)
 t_call = time.perf_counter()
 out = torch.compile(model)(x)
 forward_only = os.environ.get("DYNAMO_JOB_FORWARD_ONLY") == "1"

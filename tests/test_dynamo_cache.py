@@ -26,8 +26,10 @@ torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.torch
 pytest_plugins = ["live"]
 
+from kcache import dynamo_entries  # noqa: E402
 from kcache.config import ClientConfig  # noqa: E402
 from kcache.http import KcacheClient  # noqa: E402
+from kcache_schemas import signature as envelope  # noqa: E402
 from kcache_schemas.signature import is_signed  # noqa: E402
 
 JOB = Path(__file__).with_name("dynamo_job.py")
@@ -78,9 +80,12 @@ def test_a_fresh_node_skips_dynamo_with_the_package_another_node_compiled(live_s
     client = KcacheClient(ClientConfig(url=live_service.url))
     view = client.get_json("/v1/default/workloads/precompiled")
     keys = [e["key"] for e in view["entries"] if e["layer"] == "dynamo"]
-    assert len(keys) == 1 and keys[0].startswith("pt2-precompile-v1:")
-    stored, _ = client.get_entry("dynamo", keys[0])
+    assert len(keys) == 1 and keys[0].startswith("pt2-precompile-v2:")
+    stored, compile_time = client.get_entry("dynamo", keys[0])
     assert is_signed(stored)  # signed, like every entry of a fleet with a signing key
+    # What the package replaces, measured by its producer, travels with it (and is the entry's compile time).
+    package = dynamo_entries.decode(envelope.parse(stored).payload())
+    assert package.compile_s is not None and package.compile_s > 0 and compile_time == pytest.approx(package.compile_s, abs=1e-3)
     assert str(tmp_path).encode() not in keys[0].encode()
 
     # Node B: new HOME and TMPDIR (another machine), same workload: the package arrives by the
@@ -92,6 +97,10 @@ def test_a_fresh_node_skips_dynamo_with_the_package_another_node_compiled(live_s
     assert b["stats"]["dynamo"]["hits"] == 1 and b["stats"]["dynamo"]["errors"] == 0
     assert b["stats"]["dynamo"]["puts"] == 0  # the fleet has it: nothing to hand back
     assert not b["kcache_lines"], b["kcache_lines"]
+    # It paid (loading it took less than compiling it took A, and Dynamo did not trace again):
+    # still served to the next node.
+    assert "unprofitable" not in _verification(Node(tmp_path / "b"))
+    assert client.get_entry("dynamo", keys[0])[0] == stored
 
 
 def _install(url: str, tmp_path: Path, mode: str = "readonly") -> Any:
@@ -158,7 +167,7 @@ def test_the_key_follows_what_the_package_depends_on(live_service, precompile_on
         return asked[0]
 
     first = key_asked(_f)
-    assert first.startswith("pt2-precompile-v1:") and key_asked(_f) == first
+    assert first.startswith("pt2-precompile-v2:") and key_asked(_f) == first
     assert key_asked(_f, mode="max-autotune-no-cudagraphs") != first
     assert key_asked(torch.nn.Linear(4, 4)) != key_asked(torch.nn.Linear(4, 8))
 
@@ -245,7 +254,7 @@ def _populate_and_break(live_service: Any, tmp_path: Path, fleet: dict[str, str]
     view = client.get_json(f"/v1/default/workloads/{fleet['KCACHE_WORKLOAD']}")
     (key,) = [e["key"] for e in view["entries"] if e["layer"] == "dynamo"]
     good, _ = client.get_entry("dynamo", key)
-    _replace_on_service(client, key, _unloadable_copy(good))
+    _replace_on_service(client, key, _unloadable_copy(dynamo_entries.decode(good).package))
     return a, client, key
 
 
@@ -286,7 +295,9 @@ def test_a_package_torch_cannot_load_is_quarantined_and_the_job_goes_on(live_ser
     assert (c["out"], c["grad"]) == (a["out"], a["grad"])
     assert c["dynamo_cache"] == {"dynamo_cache_miss": 1}
     assert c["stats"]["dynamo"]["hits"] == 0 and c["stats"]["dynamo"]["miss_reasons"] == {"quarantined": 1}, c["stats"]["dynamo"]
-    assert c["stats"]["dynamo"]["put_errors"] == 1 and c["stats"]["dynamo"]["error_kinds"] == {"Quarantined": 1}  # its upload refused
+    # The service said quarantined: C neither saves the key's package at exit nor offers it (refused anyway).
+    assert c["stats"]["dynamo"]["puts"] == 0 and c["stats"]["dynamo"]["put_errors"] == 0, c["stats"]["dynamo"]
+    assert not list((tmp_path / "c" / "tmp").glob("torchinductor_*/dynamo/*/entry"))
     assert not c["kcache_lines"], c["kcache_lines"]
 
 
@@ -346,3 +357,106 @@ def test_a_package_torch_cannot_load_is_not_uploaded(live_service, precompile_on
     assert (tmp_path / "inductor" / "dynamo" / quad_id / "entry").exists()  # torch's own copy stays
     said = [r.getMessage() for r in caplog.records if "cannot be loaded" in r.getMessage()]
     assert len(said) == 1 and "DefaultsSource" in said[0], said
+
+
+# ---- serve a package only where it pays (kcache.dynamo_payoff) ------------------------------------
+
+
+def _the_package_key(client: KcacheClient, workload: str) -> str:
+    view = client.get_json(f"/v1/default/workloads/{workload}")
+    (key,) = [e["key"] for e in view["entries"] if e["layer"] == "dynamo"]
+    return str(key)
+
+
+@needs_packages
+@pytest.mark.slow
+def test_a_package_dynamo_traces_again_is_served_to_no_other_node(live_service, tmp_path: Path) -> None:
+    """A natural guard miss: node B runs the job with another batch size than the producer, so
+    the package's shape guards fail and Dynamo traces the function again after kcache installed
+    the package (the H100's Llama train step: 1.9 s to load, then 2.2 s of tracing). B's job is
+    right (it compiles; before kcache kept Dynamo's names apart from the package's, torch 2.13
+    raised ``AssertionError: Name '__builtins_dict___1' already exists in scope`` and the job
+    died), B says once that the package did not pay, and the service takes it out of service:
+    no other node receives it."""
+    from kcache.errors import Quarantined
+
+    fleet = {"KCACHE_URL": live_service.url, "KCACHE_WORKLOAD": "precompiled-retrace"}
+    a = run_node(Node(tmp_path / "a"), **fleet)
+    assert a["stats"]["dynamo"]["puts"] == 1, a["stats"]
+    client = KcacheClient(ClientConfig(url=live_service.url))
+    key = _the_package_key(client, "precompiled-retrace")
+
+    b = run_node(Node(tmp_path / "b"), DYNAMO_JOB_BATCH="4", **fleet)
+    assert b["dynamo_cache"] == {"dynamo_cache_hit": 1}, "torch loaded the package, then traced"
+    assert len(b["out"]) == 4 * 4
+    assert len(b["kcache_lines"]) == 1 and "did not pay" in b["kcache_lines"][0], b["kcache_lines"]
+    assert b["stats"]["dynamo"]["errors"] == 0 and b["stats"]["dynamo"]["puts"] == 0, b["stats"]["dynamo"]
+    (reason,) = _verification(Node(tmp_path / "b"))["unprofitable"]
+    assert reason.startswith("dynamo: Dynamo traced forward again"), reason
+    assert not list((tmp_path / "b" / "tmp").glob("torchinductor_*/dynamo/*/entry")), "not left for B's next process"
+
+    # What the next node meets (a node's run against a quarantined package, saving and uploading
+    # nothing for its key, is test_a_package_torch_cannot_load_is_quarantined_and_the_job_goes_on's).
+    info = client.quarantine_info("dynamo", key)
+    assert info.reason.startswith("does not pay: Dynamo traced forward again"), info.reason
+    with pytest.raises(Quarantined):
+        client.get_entry("dynamo", key)
+    view = client.get_json("/v1/default/workloads/precompiled-retrace")
+    assert not [e for e in view["entries"] if e["layer"] == "dynamo"], "never prefetched again"
+
+
+@needs_packages
+@pytest.mark.slow
+def test_a_package_that_loads_slower_than_it_compiled_is_served_to_no_other_node(live_service, tmp_path: Path) -> None:
+    """No package on a CPU loads slower than it compiles, so the producer's measurement is
+    forced: node A's package goes back to the service saying compiling it took 1 ms (what a
+    producer whose compile was that cheap would have recorded). Node B loads it (the job is
+    right: the package is used, no FX-graph lookup), measures the load against those 1 ms, and
+    takes the package out of service for the fleet."""
+    fleet = {"KCACHE_URL": live_service.url, "KCACHE_WORKLOAD": "precompiled-slow-load"}
+    a = run_node(Node(tmp_path / "a"), **fleet)
+    client = KcacheClient(ClientConfig(url=live_service.url))
+    key = _the_package_key(client, "precompiled-slow-load")
+    stored = dynamo_entries.decode(client.get_entry("dynamo", key)[0])
+    assert stored.compile_s is not None and stored.compile_s > 0.001
+    _replace_on_service(client, key, dynamo_entries.encode(stored.package, 0.001))
+
+    b = run_node(Node(tmp_path / "b"), **fleet)
+    assert (b["out"], b["grad"]) == (a["out"], a["grad"])
+    assert b["dynamo_cache"] == {"dynamo_cache_hit": 1} and b["fx_graph"] == {}, "the package was used"
+    assert len(b["kcache_lines"]) == 1 and "did not pay" in b["kcache_lines"][0], b["kcache_lines"]
+    (reason,) = _verification(Node(tmp_path / "b"))["unprofitable"]
+    assert reason.startswith("dynamo: loading it took") and "its producer 0.00s" in reason, reason
+    assert client.quarantine_info("dynamo", key).reason.startswith("does not pay: loading it took")
+
+
+def test_the_package_envelope() -> None:
+    """The producer's seconds travel inside the stored bytes; a plain pickle reads as unmeasured;
+    a damaged envelope is refused (a ValueError: quarantined like a package torch cannot load)."""
+    stored = dynamo_entries.encode(b"pickle", 2.5)
+    assert dynamo_entries.decode(stored) == dynamo_entries.StoredPackage(b"pickle", 2.5)
+    assert dynamo_entries.decode(b"\x80\x04plain") == dynamo_entries.StoredPackage(b"\x80\x04plain", None)
+    for damaged in (stored[:10], stored.replace(b"2.5", b'"x"'), stored.replace(b"2.5", b"-10")):
+        with pytest.raises(ValueError):
+            dynamo_entries.decode(damaged)
+
+
+def test_stats_keep_the_largest_torch_timers_the_document_holds() -> None:
+    """A node that loads a Dynamo package and then traces again runs more distinct torch timers
+    than the stats document holds (64): kcache wrote no stats at all there ("could not collect
+    stats at exit"); now it keeps the largest."""
+    from kcache.phases import torch_phases
+    from kcache.stats import Stats
+    from torch._dynamo.utils import compilation_time_metrics
+
+    added = {f"kcache_test_timer_{i}": [float(i + 1)] for i in range(70)}
+    compilation_time_metrics.update(added)
+    try:
+        phases = torch_phases()
+        assert len(phases) == 64 and phases["kcache_test_timer_69"] == 70.0
+        stats = Stats()
+        stats.set_phases(phases)
+        assert stats.document().phases == phases
+    finally:
+        for name in added:
+            compilation_time_metrics.pop(name, None)

@@ -29,7 +29,7 @@ from api_helpers import assert_error  # noqa: E402
 
 pytest_plugins = ["api_helpers", "live"]
 
-KEY = "pt2-precompile-v1:" + "ab" * 32
+KEY = "pt2-precompile-v2:" + "ab" * 32
 PAYLOAD = b"a package torch cannot load" * 10
 
 

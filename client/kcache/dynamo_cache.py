@@ -39,6 +39,27 @@ kcache serves that cache fleet-wide:
   ``torch.compile`` resets the package and runs torch again, which then compiles as on a miss.
   Either way the entry leaves torch's dir and kcache's local tier and is quarantined on the
   service (:meth:`Runtime.quarantine`), with one warning. A user's own package stays torch's.
+  And a package that loaded must not make torch raise later: Dynamo tracing the function
+  again after any package was installed (a guard that fails on this node) named a global the
+  package had installed (torch 2.13: ``Name '__builtins_dict___1' already exists in scope``, the
+  job dies), so after torch's ``install`` kcache moves Dynamo's name counter past the package's.
+* **only packages that pay** (:mod:`kcache.dynamo_payoff`): the producer records with each
+  package the seconds its compiles took (Dynamo, AOTAutograd and Inductor of the package's
+  frames, lazy backward compiles included; stored in :mod:`kcache.dynamo_entries`' envelope and
+  as the entry's compile time). A consumer times ``torch.compile``'s wrapping with the package
+  kcache supplied (lookup, fetch, unpickle, check, write, torch's initialize and install) and
+  watches whether Dynamo compiles any of the package's codes afterwards. The rule: a package
+  **does not pay if Dynamo traced it again** after install (a guard that fails on this node: the
+  work it was to skip is done anyway, on top of the load), **or if loading it took at least as
+  long as compiling it took its producer**. Such a package leaves torch's dir and the local
+  tier and is quarantined on the service with the reason ``does not pay: ...`` (reported off
+  the compile thread, waited for at exit), so no other node fetches it, no producer uploads the
+  key again and no node's save at exit writes it; the consumer that found out keeps what it
+  installed (it has paid already) and says so once (finding ``unprofitable``). Why these two:
+  the consumer can only know the load cost by paying it, so the verdict is for the next node;
+  a retrace is a loss whatever the numbers; and the producer's compile time is what the issue's
+  fresh node would otherwise spend (a node whose FX-graph and AOTAutograd entries kcache serves
+  spends less, so the load rule errs on the side of serving).
 
 **Keys.** torch's source id is ``sha256(qualname, first line)``: ``Net.forward`` at line 12 of
 two projects collide, and torch relies on its source checks at load time. The service key adds
@@ -57,20 +78,23 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import itertools
 import json
 import logging
 import os
 import pickle
+import re
 import shutil
 import sys
 import threading
+import time
 import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from kcache_schemas import wire
 
-from kcache import fingerprint, patching
+from kcache import dynamo_entries, dynamo_payoff, fingerprint, patching
 from kcache.after_import import call_after_import, imported
 from kcache.current import get_runtime
 from kcache.failopen import guard, warn_once
@@ -82,7 +106,10 @@ LAYER = wire.CacheLayer.DYNAMO.value
 PATCHES = "dynamo-cache"
 PACKAGE_MODULE = "torch._dynamo.package"
 EVAL_FRAME_MODULE = "torch._dynamo.eval_frame"
-KEY_PREFIX = "pt2-precompile-v1:"
+BYTECODE_MODULE = "torch._dynamo.bytecode_transformation"
+# A global Dynamo named with its unique_id counter (``__builtins_dict___1``, ``__resume_at_30_2``).
+_NUMBERED_GLOBAL = re.compile(r"^__\w*_(\d+)$")
+KEY_PREFIX = "pt2-precompile-v2:"  # v2: stored in kcache.dynamo_entries' envelope
 
 _served = False
 _lock = threading.Lock()
@@ -101,6 +128,8 @@ _preloaded: dict[bytes, Any] = {}
 # gets the object already unpickled (its backends run to hundreds of MB).
 _preloaded_entries: dict[str, Any] = {}
 _original_load_guards: Callable[[bytes], Any] | None = None
+# Reports of packages that did not pay, sent off the compile thread; joined at close.
+_reports: list[threading.Thread] = []
 
 
 def install() -> None:
@@ -109,6 +138,7 @@ def install() -> None:
     global _served
     _served = True
     before_close(save_pending)
+    before_close(finish_reports)
     call_after_import(EVAL_FRAME_MODULE, _hook_eval_frame)
     call_after_import(PACKAGE_MODULE, _hook_package)
 
@@ -118,8 +148,11 @@ def uninstall() -> None:
     global _served, _original_write, _original_load_guards
     with guard("could not save Dynamo's precompile packages"):
         save_pending()
+    with guard("could not report Dynamo packages that did not pay"):
+        finish_reports()
     _served = False
     patching.restore(PATCHES)
+    dynamo_payoff.uninstall()
     _original_write = None
     _original_load_guards = None
     with _lock:
@@ -166,6 +199,11 @@ def _hook_package(module: types.ModuleType) -> None:
         read = getattr(cls, "read", None)
         if callable(read):  # load_cache_entry(key) -> self.read(key)
             patching.patch(PATCHES, cls, "read", _wrap_read(read))
+        package_cls = getattr(module, "CompilePackage", None)
+        install_package = patching.current(package_cls, "install") if isinstance(package_cls, type) else None
+        if callable(install_package):
+            patching.patch(PATCHES, package_cls, "install", _wrap_install(install_package))
+        dynamo_payoff.install(module, _not_paying)
 
 
 def _hook_eval_frame(module: types.ModuleType) -> None:
@@ -179,9 +217,21 @@ def _hook_eval_frame(module: types.ModuleType) -> None:
         def __call__(self: Any, fn: Any) -> Any:
             previous = getattr(_compiling, "backend", None)
             _compiling.backend = getattr(self, "callback", None)
+            # torch.compile(module) calls this again for the module's forward, inside: the
+            # outermost call loads the package and is the one judged.
+            depth = getattr(_compiling, "depth", 0)
+            _compiling.depth = depth + 1
+            outermost = depth == 0
+            started = time.perf_counter()
             try:
                 try:
-                    return original(self, fn)  # torch's, unguarded
+                    if outermost:
+                        dynamo_payoff.forget_loaded()
+                    wrapped = original(self, fn)  # torch's, unguarded
+                    if outermost:
+                        with guard("could not judge a Dynamo package kcache supplied"):
+                            dynamo_payoff.installed(getattr(self, "_package", None), time.perf_counter() - started)
+                    return wrapped
                 except Exception as exc:
                     recovered = False
                     with guard("could not recover from a Dynamo package torch failed to load"):
@@ -191,6 +241,7 @@ def _hook_eval_frame(module: types.ModuleType) -> None:
                 return original(self, fn)  # torch again: a miss now, so Dynamo compiles
             finally:
                 _compiling.backend = previous
+                _compiling.depth = depth
                 with _lock:  # what torch did not ask for (it loaded nothing, or failed first)
                     _preloaded.clear()
                     _preloaded_entries.clear()
@@ -201,11 +252,13 @@ def _hook_eval_frame(module: types.ModuleType) -> None:
 def _wrap_load(module: types.ModuleType, original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def load(self: Any, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        fetched = False
+        fetched: dynamo_payoff.Supplied | None = None
         with guard("dynamo lookup failed"):
             fetched = _fetch(module, self, fn)
         result = original(self, fn, *args, **kwargs)  # torch's, unguarded
-        if fetched and result is None:
+        if fetched is not None and result is not None:
+            dynamo_payoff.loaded(fetched)  # judged once torch.compile's wrapping installed it
+        if fetched is not None and result is None:
             with guard("dynamo lookup failed"):
                 # torch could not read what kcache wrote (it counted dynamo_cache_error, said why
                 # and compiles): out of its dir, and out of service.
@@ -247,11 +300,58 @@ def _wrap_store(original: Callable[..., Any]) -> Callable[..., Any]:
                     _incomplete.discard(str(path))
                 else:
                     _incomplete.add(str(path))
-        if not complete and getattr(_saving, "active", False):
-            return None  # kcache's own save: do not leave torch a package it cannot load
+        if getattr(_saving, "active", False) and (not complete or _refused_by_service(str(path))):
+            # kcache's own save: do not leave torch a package it cannot load, nor one the
+            # fleet found unloadable or not paying (the next process of this node would load it)
+            return None
         return original(self, cache_entry, path, *args, **kwargs)  # torch's, unguarded
 
     return write
+
+
+def _wrap_install(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``CompilePackage.install``: then keep the names Dynamo makes from colliding with the
+    package's (see :func:`_past_package_names`)."""
+
+    @functools.wraps(original)
+    def install(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = original(self, *args, **kwargs)  # torch's, unguarded
+        with guard("could not keep Dynamo's global names apart from a package's"):
+            _past_package_names(self)
+        return result
+
+    return install
+
+
+def _past_package_names(package: Any) -> None:
+    """A package installs globals named in its producer's process (``__builtins_dict___1``: a
+    number from Dynamo's ``unique_id`` counter there). In a process that loaded it, the counter
+    starts again, so when Dynamo traces the function again (a guard that fails on this node), it
+    names a global the package already installed and torch raises ``AssertionError: Name
+    '__builtins_dict___1' already exists in scope`` (torch 2.13, CPU): the job dies. The counter
+    only has to hand out unique names, so it is moved past every numbered global of the
+    package's modules."""
+    codes = getattr(package, "_codes", None)
+    modules = {sys.modules.get(getattr(entry, "python_module", "")) for entry in (codes or {}).values()}
+    top = -1
+    for module in modules:
+        for name in list(getattr(module, "__dict__", {})):
+            match = _NUMBERED_GLOBAL.match(name)
+            if match is not None:
+                top = max(top, int(match.group(1)))
+    transformation = imported(BYTECODE_MODULE)
+    counter = getattr(transformation, "_unique_id_counter", None)
+    if top < 0 or not isinstance(counter, itertools.count):
+        return
+    upcoming = next(counter)  # not handed out: the new counter starts at it (or past the package's)
+    transformation._unique_id_counter = itertools.count(max(upcoming, top + 1))  # type: ignore[union-attr]
+
+
+def _refused_by_service(source_id: str) -> bool:
+    rt = get_runtime()
+    with _lock:
+        key = _service_keys.get(source_id)
+    return rt is not None and key is not None and (LAYER, key) in rt.quarantined
 
 
 def _wrap_load_guards(original: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
@@ -366,38 +466,72 @@ def _complete(cache_entry: Any) -> bool:
 # ---- lookup and store ----------------------------------------------------------------------------
 
 
-def _fetch(module: types.ModuleType, store: Any, fn: Any) -> bool:
-    """On a local miss, put kcache's entry where torch's ``load`` reads it; True if it did."""
+def _fetch(module: types.ModuleType, store: Any, fn: Any) -> dynamo_payoff.Supplied | None:
+    """On a local miss, put kcache's entry where torch's ``load`` reads it; what it put there."""
     rt = get_runtime()
     if rt is None or not _served:
-        return False
+        return None
     source_id = str(module.CompilePackage.source_id_from_fn(fn))
     key = service_key(fn)
     with _lock:
         known = _service_keys.setdefault(source_id, key)
         if known != key:  # two functions of this process share torch's source id: torch mixes them
             _service_keys[source_id] = None
-            return False
+            return None
         if source_id in _refused:
-            return False  # torch could not load kcache's package for it: compile, as on a miss
+            return None  # torch could not load kcache's package for it, or it did not pay: compile
     if os.path.exists(os.path.join(store.path_prefix(), source_id)):
-        return False  # torch's own local entry: torch reads it
+        return None  # torch's own local entry: torch reads it
     write = _original_write
     if write is None:
-        return False
+        return None
     data = rt.get_entry(LAYER, key)
     if data is None:
-        return False
-    problem = unloadable(module, data, keep_for=source_id)
-    if problem is not None:  # torch would raise it (and only a RuntimeError would spare the job)
+        return None
+    try:
+        stored = dynamo_entries.decode(data)
+        problem = unloadable(module, stored.package, keep_for=source_id)
+    except ValueError as exc:
+        stored, problem = None, str(exc)
+    if stored is None or problem is not None:  # torch would raise it (only a RuntimeError spares the job)
         with _lock:
             _refused.add(source_id)
-        rt.quarantine(LAYER, key, problem)
-        return False
-    write(store, data, source_id)  # torch's atomic write, unhooked: the service has it
+        rt.quarantine(LAYER, key, problem or "unreadable")
+        return None
+    write(store, stored.package, source_id)  # torch's atomic write, unhooked: the service has it
     with _lock:
         _from_service.add(source_id)
-    return True
+    return dynamo_payoff.Supplied(source_id, key, stored.compile_s)
+
+
+def _not_paying(supplied: dynamo_payoff.Supplied, reason: str) -> None:
+    """A package kcache supplied did not pay here (:mod:`kcache.dynamo_payoff`): this process
+    does not fetch it again, the next process of this node does not find it in torch's dir, and
+    the service is told (off the compile thread) so that no node receives it again."""
+    with _lock:
+        _refused.add(supplied.source_id)
+    package = imported(PACKAGE_MODULE)
+    prefix = getattr(getattr(package, "DynamoCache", None), "path_prefix", None)
+    if callable(prefix):
+        shutil.rmtree(os.path.join(prefix(), supplied.source_id), ignore_errors=True)
+    rt = get_runtime()
+    if rt is None:
+        return
+    report = threading.Thread(target=rt.quarantine, args=(LAYER, supplied.key, reason), kwargs={"unprofitable": True},
+                              name="kcache-dynamo-verdict", daemon=True)
+    with _lock:
+        _reports.append(report)
+    report.start()
+
+
+def finish_reports() -> None:
+    """Wait (at most the flush timeout) for the reports of packages that did not pay."""
+    with _lock:
+        reports, _reports[:] = list(_reports), []
+    rt = get_runtime()
+    deadline = time.monotonic() + (rt.config.flush_timeout_s if rt is not None else 5.0)
+    for report in reports:
+        report.join(max(0.0, deadline - time.monotonic()))
 
 
 def _upload(source_id: str, pickled: bytes) -> None:
@@ -409,6 +543,8 @@ def _upload(source_id: str, pickled: bytes) -> None:
         if key is None or source_id in _from_service or source_id in _incomplete:
             return  # a lookup this process did not see, an ambiguous id, the service's own entry, or incomplete
         _handed_over.add(source_id)
+    if (LAYER, key) in rt.quarantined:
+        return  # the service refuses it: a node found it unloadable or not paying
     module = imported(PACKAGE_MODULE)
     problem = unloadable(module, pickled) if module is not None else None
     if problem is not None:
@@ -417,7 +553,8 @@ def _upload(source_id: str, pickled: bytes) -> None:
         rt.stats.put_error(LAYER, "unloadable")
         warn_once(f"a Dynamo package torch wrote cannot be loaded ({problem[:200]}); not uploaded")
         return
-    rt.put_entry(LAYER, key, bytes(pickled))
+    compile_s = dynamo_payoff.compile_seconds(source_id)
+    rt.put_entry(LAYER, key, dynamo_entries.encode(bytes(pickled), compile_s), compile_s)
 
 
 def save_pending() -> None:
@@ -433,8 +570,10 @@ def save_pending() -> None:
     save = getattr(ctx, "save_to_dynamo_cache", None)
     if not isinstance(entries, dict) or not callable(save):
         return
+    rt = get_runtime()
     with _lock:
-        pending = [s for s in entries if _service_keys.get(s) and s not in _from_service and s not in _handed_over]
+        pending = [s for s in entries if _service_keys.get(s) and s not in _from_service and s not in _handed_over
+                   and (rt is None or (LAYER, _service_keys[s]) not in rt.quarantined)]
     if pending:
         _saving.active = True
         try:

@@ -4,10 +4,14 @@ Dynamo, AOTAutograd and Inductor time their phases with ``dynamo_timed``, which 
 duration to ``torch._dynamo.utils.compilation_time_metrics`` (name -> list of seconds; the names
 differ between torch versions). kcache reads that table once at exit, only if torch imported it
 (never importing anything itself), and keeps the totals in the stats document, where
-``kcache stats`` and the dashboard group them (``kcache_schemas.stats.PHASE_GROUPS``).
+``kcache stats`` and the dashboard group them (``kcache_schemas.stats.PHASE_GROUPS``): the
+largest ones the document holds (a process that loads a Dynamo package and then traces again
+runs more than 64 distinct timers; the document refused them all, and the process wrote no stats).
 """
 
 from __future__ import annotations
+
+from kcache_schemas.stats import sum_phases
 
 from kcache.after_import import imported
 from kcache.failopen import guard
@@ -26,5 +30,5 @@ def torch_phases() -> dict[str, float]:
                 seconds = sum(d for d in durations if isinstance(d, (int, float)))
                 if seconds > 0:
                     out[name] = round(float(seconds), 6)
-        return out
+        return sum_phases([out])
     return {}

@@ -105,13 +105,18 @@ class Runtime:
         self.stats.error(layer, "unexpected")
         warn_once(f"unexpected {type(exc).__name__} talking to the service", exc)
 
-    def _remote(self, layer: str, call: Callable[[], T]) -> T | None:
+    def _remote(self, layer: str, call: Callable[[], T], key: str | None = None) -> T | None:
         """Run one service call for ``layer``: a miss, an error or a surprise is counted (apart
-        from each other) and reads as None; nothing escapes into the compile."""
+        from each other) and reads as None; nothing escapes into the compile. An entry ``key``
+        the service answers ``quarantined`` is neither asked for again nor uploaded by this
+        process (the service would refuse it)."""
         try:
             return call()
         except Quarantined:
             self.stats.miss(layer, "quarantined")
+            if key is not None:
+                with self._lock:
+                    self.quarantined.add((layer, key))
         except NotFound:
             self.stats.miss(layer, self.miss_reason())
         except KcacheError as exc:
@@ -295,7 +300,7 @@ class Runtime:
                     if client is None:
                         self._refused(layer, refused)
                         return None
-                    got = self._remote(layer, lambda: client.get_entry(layer, key))
+                    got = self._remote(layer, lambda: client.get_entry(layer, key), key)
                     if got is None:
                         self._refused(layer, refused)
                         return None
@@ -326,14 +331,18 @@ class Runtime:
             self.used_entries.add((layer, key))
         return data
 
-    def quarantine(self, layer: str, key: str, reason: str, stored: bytes | None = None) -> None:
+    def quarantine(self, layer: str, key: str, reason: str, stored: bytes | None = None, *, unprofitable: bool = False) -> None:
         """An entry this process handed over that torch (or Triton) could not load, or one that
         arrived damaged (``stored``: the bytes as the service sent them, when the local tier does
         not hold them): the job goes on as on a miss (the caller's part), and here the entry is
         dropped from the local tier, counted (an error and a ``quarantined`` finding, with the
         reason), said once, never served or uploaded again by this process, and reported to the
         service, which then serves it to no node (any mode but off: a report is not an upload; a
-        token without write scope is refused and counted). Never raises."""
+        token without write scope is refused and counted). Never raises.
+
+        ``unprofitable``: torch loaded it, but it did not pay (:mod:`kcache.dynamo_payoff`): the
+        same, counted as an ``unprofitable`` finding rather than an error, reported with the
+        reason ``does not pay: ...``."""
         with self._lock:
             self.quarantined.add((layer, key))
             self.used_entries.discard((layer, key))  # not for the workload's next prefetch
@@ -344,10 +353,15 @@ class Runtime:
             stored = self.local.get(layer, key)
         sha256 = hashlib.sha256(stored).hexdigest() if stored is not None else None
         self.local.discard(layer, key)
-        self.stats.error(layer, "quarantined")
-        self.stats.verify("quarantined", f"{layer}: {reason}")
-        warn_once(f"a {layer} entry kcache supplied could not be used ({reason[:200]}); it compiles as on a miss, "
-                  "and the entry is quarantined for every node")
+        if unprofitable:
+            self.stats.verify("unprofitable", f"{layer}: {reason}")
+            warn_once(f"a {layer} entry kcache supplied did not pay ({reason[:200]}); it is served to no other node")
+            reason = f"does not pay: {reason}"[:512]
+        else:
+            self.stats.error(layer, "quarantined")
+            self.stats.verify("quarantined", f"{layer}: {reason}")
+            warn_once(f"a {layer} entry kcache supplied could not be used ({reason[:200]}); it compiles as on a miss, "
+                      "and the entry is quarantined for every node")
         client = self.client
         if client is None:
             return

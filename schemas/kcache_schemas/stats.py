@@ -153,7 +153,9 @@ Phases = Annotated[
 ]
 # kind -> reason -> count: "fetched_unused" (an entry or kernel brought into the process that no
 # compile asked for), "emitted_then_compiled" (a kernel kcache wrote that Triton compiled anyway),
-# "refused" (an entry or kernel kcache would not hand over: signature, target, bad pack).
+# "refused" (an entry or kernel kcache would not hand over: signature, target, bad pack),
+# "quarantined" (torch could not load what kcache handed over), "unprofitable" (a Dynamo package
+# that did not pay: kcache.dynamo_payoff).
 Verification = Annotated[dict[_StatName, Reasons], Field(max_length=16), AfterValidator(_stat_names)]
 
 # Torch's own phase timers (``dynamo_timed`` names, which differ between torch versions) grouped
