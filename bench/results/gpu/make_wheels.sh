@@ -12,6 +12,6 @@ mkdir -p "$dest"
 python3 -m pip wheel -q --no-deps -w "$dest" .
 python3 -m pip download -q -d "$dest" --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64 \
-    --platform manylinux_2_34_x86_64 "$dest"/kcache-*.whl
+    --platform manylinux_2_34_x86_64 "$dest"/kcache*.whl
 ls -1 "$dest"
 du -sh "$dest"
