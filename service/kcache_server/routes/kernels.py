@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
@@ -18,6 +19,7 @@ from kcache_schemas.models import (
 )
 from kcache_schemas.pack import MEDIA_TYPE
 
+from kcache_server import downloads
 from kcache_server.deps import (
     CanAdmin,
     CanRead,
@@ -30,8 +32,10 @@ from kcache_server.deps import (
 )
 from kcache_server.metrics import record_batch_lookups
 from kcache_server.responses import blob_response, bytes_response, tar_stream
+from kcache_server.storage import BlobStream
 
 router = APIRouter(tags=["kernels"])
+KERNEL_LAYER = wire.CacheLayer.KERNEL.value
 
 _TEXT_SUFFIXES = (".source", ".ttir", ".ttgir", ".llir", ".ptx", ".amdgcn", ".json")
 
@@ -62,12 +66,16 @@ async def put_kernel(
 
 @router.get(wire.KERNEL, summary="Download a kernel pack", response_class=Response,
             responses={200: {"content": {MEDIA_TYPE: {}}}, 307: {"description": "presigned blob URL"}})
-def get_kernel(namespace: Namespace, key: KernelKey, store: StoreDep, settings: SettingsDep, _: CanRead) -> Response:
+def get_kernel(
+    request: Request, namespace: Namespace, key: KernelKey, store: StoreDep, settings: SettingsDep, _: CanRead,
+) -> Response:
     if settings.presigned_downloads:
         url = store.kernel_download_url(namespace, key, settings.presign_expires_s)
         if url is not None:
+            downloads.record(settings, request, namespace, KERNEL_LAYER, key, "redirect", 0)
             return RedirectResponse(url, status_code=307)
     entry, blob = store.open_kernel_pack(namespace, key)
+    downloads.record(settings, request, namespace, KERNEL_LAYER, key, "get", blob.size)
     return blob_response(blob, MEDIA_TYPE, _entry_headers(entry))
 
 
@@ -110,15 +118,22 @@ def missing_kernels(body: MissingRequest, namespace: Namespace, store: StoreDep,
 
 @router.post(wire.KERNELS_BATCH_GET, summary="Many packs in one streamed response",
              response_class=StreamingResponse, responses={200: {"content": {"application/x-tar": {}}}})
-def batch_get(request: Request, body: BatchGetRequest, namespace: Namespace, store: StoreDep, _: CanRead) -> StreamingResponse:
+def batch_get(
+    request: Request, body: BatchGetRequest, namespace: Namespace, store: StoreDep, settings: SettingsDep, _: CanRead,
+) -> StreamingResponse:
     """An uncompressed tar stream: first ``index.json`` (``{"found": [...], "missing": [...],
     "invalid": [...]}``), then ``<key>.kpack`` for each found key, in that order. Packs are
     already compressed, so the outer tar adds only headers."""
     batch = store.batch_get(namespace, body.keys)
     record_batch_lookups(request, len(batch.found), len(batch.missing))
     index = {"found": batch.found, "missing": batch.missing, "invalid": batch.invalid}
-    packs = ((wire.batch_member(key), blob) for key, blob in batch.packs)
-    stream = tar_stream((wire.BATCH_INDEX, json.dumps(index).encode()), packs)
+
+    def packs() -> Iterator[tuple[str, BlobStream]]:
+        for key, blob in batch.packs:
+            downloads.record(settings, request, namespace, KERNEL_LAYER, key, "batch-get", blob.size)
+            yield wire.batch_member(key), blob
+
+    stream = tar_stream((wire.BATCH_INDEX, json.dumps(index).encode()), packs())
     return StreamingResponse(stream, media_type="application/x-tar")
 
 
