@@ -225,7 +225,8 @@ def _one_line(record: dict[str, Any]) -> str:
     err = record["stderr"]
     health = f"tb={err['tracebacks']} kcache:={err['kcache_lines']}"
     if not record["ok"]:
-        return f"FAILED {record.get('error', '')[:300]!r} | wall {record['wall_s']:.0f} s {health}"
+        lines = record.get("error", "").splitlines()
+        return f"FAILED {lines[0] if lines else '?'} | {' / '.join(lines[-3:])[:300]} | wall {record['wall_s']:.0f} s {health}"
     parts = []
     for r in record["ranks"]:
         kc = r.get("kcache")
@@ -326,7 +327,7 @@ def markdown(results: dict[str, Any]) -> str:
         f"triton {env.get('triton', '?')}, model {results['config']['model']} {results['config']['sizes']}, {env.get('date', '')}",
         "",
         "First step (torch.compile wrapping + first DDP train step, after a barrier), s: median (min-max) xn per rank; "
-        "the job's (slower rank's) median",
+        "the job's (slower rank's) median, and the median from the node's launch to its last rank's result",
         "",
         "| launch | " + " | ".join(sc for sc in ("cold", "local-warm", "kcache-warm", "populate")) + " |",
         "|---|---|---|---|---|",
@@ -338,7 +339,8 @@ def markdown(results: dict[str, Any]) -> str:
             if not fs or fs["slowest_rank_median"] is None:
                 cells.append("-" if f"{sc}/{mode}" not in s["health"] else "failed")
                 continue
-            cells.append("<br>".join(f"r{i}: {_stat(xs)}" for i, xs in enumerate(fs["runs"])) + f"<br>**job {fs['slowest_rank_median']:.2f}**")
+            cells.append("<br>".join(f"r{i}: {_stat(xs)}" for i, xs in enumerate(fs["runs"])) + f"<br>**job {fs['slowest_rank_median']:.2f}**"
+                         + f" (launch to result {fs['time_to_first_result_median']:.1f})")
         lines.append(f"| {mode} | " + " | ".join(cells) + " |")
     lines += [
         "",
@@ -386,7 +388,7 @@ def markdown(results: dict[str, Any]) -> str:
         bad = h["failed"] or h["tracebacks"] or h["kcache_lines"]
         cell = f"{h['runs']}/{h['failed']}/{h['tracebacks']}/{h['kcache_lines']}"
         lines.append(f"| {key} | {f'**{cell}**' if bad else cell} | {h['outputs_equal_populate']} |")
-        for x in h["errors"] + h["exceptions"][:2] + h["kcache_first"][:2]:
+        for x in [e.splitlines()[0] for e in h["errors"] if e] + h["exceptions"][:2] + h["kcache_first"][:2]:
             notes.append(f"- {key}: `{x[:240]}`")
     for sk in results.get("skipped", []):
         notes.append(f"- {sk['scenario']}/{sk['mode']} round {sk['round']}: skipped ({sk['why']})")

@@ -15,7 +15,7 @@ output (loss, gradient norm, parameter sum after the step: floats, compared exac
 runs), kcache's per-layer stats of this process (None when kcache is not active), Inductor's
 cache counters, and where this process's caches were.
 
-    python kcache_testkit/ddp_job.py --device cpu --model mlp-lm --out DIR [--sizes layers=2,hidden=64]
+    RANK=0 WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 python -m kcache_testkit.ddp_job --device cpu --model mlp-lm --out DIR
 """
 
 from __future__ import annotations

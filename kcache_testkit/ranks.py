@@ -18,6 +18,8 @@ of the node); a user site (``pip install --user``) stays visible.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import site
 import subprocess
 import sys
@@ -30,7 +32,10 @@ from kcache_testkit.nodes import Node
 from kcache_testkit.ports import HOST, free_port, kill
 from kcache_testkit.service import with_testkit
 
-JOB = Path(__file__).with_name("ddp_job.py")
+# Run as a module from the node's own directory (PYTHONPATH finds the kit), so the job's
+# sys.path[0] is not the kit's folder, whose modules (kernels, models, service, ...) would
+# otherwise shadow top-level packages of those names for torch or transformers.
+JOB_MODULE = "kcache_testkit.ddp_job"
 MODES = ("torchrun", "independent")
 
 
@@ -88,8 +93,20 @@ class NodeRun:
         return run
 
     def kill(self) -> None:
+        """Stop the node: SIGTERM first (torchrun's agent then stops its ranks, which it started
+        in sessions of their own), SIGKILL after a grace period; then any rank still running
+        (its command line names this node's output dir), with its session."""
         for proc in self.procs:
-            kill(proc, group=True)
+            kill(proc, signal.SIGTERM, group=True)
+        marker = f"\0--out\0{self.out}\0".encode()
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                if marker in (entry / "cmdline").read_bytes() + b"\0":
+                    os.killpg(int(entry.name), signal.SIGKILL)  # a rank leads its own session
+            except OSError:  # gone meanwhile, or not a session leader: nothing of ours to stop
+                continue
 
 
 def launch(node: Node, mode: str, out: Path, job_args: list[str], nproc: int = 2, **settings: str) -> NodeRun:
@@ -101,14 +118,14 @@ def launch(node: Node, mode: str, out: Path, job_args: list[str], nproc: int = 2
     out.mkdir(parents=True, exist_ok=True)
     env = node_env(node, **settings)
     port = str(free_port())
-    job = [str(JOB), *job_args, "--out", str(out)]
+    job = ["-m", JOB_MODULE, *job_args, "--out", str(out)]
     procs, logs = [], []
 
     def start(cmd: list[str], proc_env: dict[str, str], name: str) -> None:
         log = out / f"{name}.log"
         with log.open("wb") as f:
             procs.append(subprocess.Popen(cmd, env=proc_env, stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT,
-                                          start_new_session=True))
+                                          cwd=node.root, start_new_session=True))
         logs.append(log)
 
     started_at, t0 = time.time(), time.perf_counter()
