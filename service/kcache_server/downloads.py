@@ -20,13 +20,17 @@ JSON lines on stderr, the text in ``msg``); :func:`parse` reads one back.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from fastapi import Request
+from kcache_schemas import wire
 
 from kcache_server.settings import Settings
+from kcache_server.storage import BlobStream
 
 log = logging.getLogger("kcache_server.downloads")
+KERNEL_LAYER = wire.CacheLayer.KERNEL.value
 _PREFIX = "download "
 
 
@@ -45,6 +49,15 @@ def record(settings: Settings, request: Request, namespace: str, layer: str, key
         return
     peer = f"{request.client.host}:{request.client.port}" if request.client else "-"
     log.info("%sns=%s layer=%s key=%s via=%s bytes=%d peer=%s", _PREFIX, namespace, layer, key, via, size, peer)
+
+
+def batch_packs(
+    settings: Settings, request: Request, namespace: str, packs: Iterator[tuple[str, BlobStream]]
+) -> Iterator[tuple[str, BlobStream]]:
+    """A batch-get's packs, each logged as its turn in the stream comes."""
+    for key, blob in packs:
+        record(settings, request, namespace, KERNEL_LAYER, key, "batch-get", blob.size)
+        yield key, blob
 
 
 def parse(msg: str) -> Download | None:

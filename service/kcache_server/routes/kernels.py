@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
@@ -32,10 +31,8 @@ from kcache_server.deps import (
 )
 from kcache_server.metrics import record_batch_lookups
 from kcache_server.responses import blob_response, bytes_response, tar_stream
-from kcache_server.storage import BlobStream
 
 router = APIRouter(tags=["kernels"])
-KERNEL_LAYER = wire.CacheLayer.KERNEL.value
 
 _TEXT_SUFFIXES = (".source", ".ttir", ".ttgir", ".llir", ".ptx", ".amdgcn", ".json")
 
@@ -72,10 +69,10 @@ def get_kernel(
     if settings.presigned_downloads:
         url = store.kernel_download_url(namespace, key, settings.presign_expires_s)
         if url is not None:
-            downloads.record(settings, request, namespace, KERNEL_LAYER, key, "redirect", 0)
+            downloads.record(settings, request, namespace, downloads.KERNEL_LAYER, key, "redirect", 0)
             return RedirectResponse(url, status_code=307)
     entry, blob = store.open_kernel_pack(namespace, key)
-    downloads.record(settings, request, namespace, KERNEL_LAYER, key, "get", blob.size)
+    downloads.record(settings, request, namespace, downloads.KERNEL_LAYER, key, "get", blob.size)
     return blob_response(blob, MEDIA_TYPE, _entry_headers(entry))
 
 
@@ -127,13 +124,8 @@ def batch_get(
     batch = store.batch_get(namespace, body.keys)
     record_batch_lookups(request, len(batch.found), len(batch.missing))
     index = {"found": batch.found, "missing": batch.missing, "invalid": batch.invalid}
-
-    def packs() -> Iterator[tuple[str, BlobStream]]:
-        for key, blob in batch.packs:
-            downloads.record(settings, request, namespace, KERNEL_LAYER, key, "batch-get", blob.size)
-            yield wire.batch_member(key), blob
-
-    stream = tar_stream((wire.BATCH_INDEX, json.dumps(index).encode()), packs())
+    packs = ((wire.batch_member(key), blob) for key, blob in downloads.batch_packs(settings, request, namespace, batch.packs))
+    stream = tar_stream((wire.BATCH_INDEX, json.dumps(index).encode()), packs)
     return StreamingResponse(stream, media_type="application/x-tar")
 
 
