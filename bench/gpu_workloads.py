@@ -31,7 +31,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 
 @dataclass(frozen=True)
@@ -158,32 +157,12 @@ def _bert_dynamic(device: str, s: dict[str, Any]) -> tuple[Any, Any, dict[str, A
     return step, inputs, {"shapes": shapes}
 
 
-def _llama_model(device: str, s: dict[str, Any]) -> tuple[Any, Any]:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    cfg = LlamaConfig(
-        vocab_size=s["vocab"], hidden_size=s["hidden"], intermediate_size=s["ffn"], num_hidden_layers=s["layers"],
-        num_attention_heads=s["heads"], num_key_value_heads=s["kv_heads"], max_position_embeddings=max(512, s["seq"]),
-        tie_word_embeddings=False,
-    )
-    return LlamaForCausalLM(cfg).to(device), cfg
-
-
-class CausalLMLoss(torch.nn.Module):
-    """Next-token cross entropy computed in the compiled graph (not transformers'
-    ``loss_function``: a code object behind a property, which torch 2.11's precompile cannot name)."""
-
-    def __init__(self, lm: torch.nn.Module) -> None:
-        super().__init__()
-        self.lm = lm
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        logits = self.lm(input_ids=ids).logits
-        return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), ids[:, 1:].flatten())
-
-
 def _llama_train(device: str, s: dict[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
-    model, cfg = _llama_model(device, s)
+    # The kit's (shared with bench/gpu_multirank.py); imported here, in the node: the
+    # orchestrator loads this module for the workloads' specs where the kit is not importable.
+    from kcache_testkit.models import CausalLMLoss, llama
+
+    model, cfg = llama(device, s)
     model.train()
     loss_fn = torch.compile(CausalLMLoss(model))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -212,7 +191,9 @@ class LogitsAtLast(torch.nn.Module):
 
 
 def _llama_cudagraphs(device: str, s: dict[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
-    model, cfg = _llama_model(device, s)
+    from kcache_testkit.models import llama
+
+    model, cfg = llama(device, s)
     model.eval()
     compiled = torch.compile(LogitsAtLast(model), mode="reduce-overhead")
     ids = torch.randint(0, cfg.vocab_size, (s["batch"], s["seq"]), device=device)

@@ -105,6 +105,9 @@ class Settings(BaseSettings):
     s3_endpoint_url: str | None = None
     access_flush_s: Duration = 2.0
     log_level: str = "info"
+    # One INFO line per kernel pack or entry handed out, with its key (kcache_server.downloads):
+    # per-key download counts, e.g. to prove the processes of a node fetch each artifact once.
+    download_log: bool = False
     retention: str | None = Field(default=None, description="JSON retention rules (see kcache_server.retention)")
     retention_file: Path | None = None
 

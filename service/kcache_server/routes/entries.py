@@ -15,6 +15,7 @@ from fastapi.concurrency import run_in_threadpool
 from kcache_schemas import EntryInfo, Producer, QuarantineInfo, QuarantineRequest, wire
 from kcache_schemas.models import EntryList
 
+from kcache_server import downloads
 from kcache_server.deps import (
     CanAdmin,
     CanRead,
@@ -65,8 +66,11 @@ async def put_entry(
 
 @router.get(wire.ENTRY, summary="Fetch an entry's bytes", response_class=Response,
             responses={200: {"content": {"application/octet-stream": {}}, "description": "The entry's bytes, as stored"}})
-def get_entry(namespace: Namespace, layer: Layer, key: EntryKey, store: StoreDep, _: CanRead) -> Response:
+def get_entry(
+    request: Request, namespace: Namespace, layer: Layer, key: EntryKey, store: StoreDep, settings: SettingsDep, _: CanRead,
+) -> Response:
     info, blob = store.open_entry(namespace, layer, key)
+    downloads.record(settings, request, namespace, layer, key, "get", blob.size)
     return blob_response(blob, "application/octet-stream", _headers(info))
 
 

@@ -18,6 +18,7 @@ from kcache_schemas.models import (
 )
 from kcache_schemas.pack import MEDIA_TYPE
 
+from kcache_server import downloads
 from kcache_server.deps import (
     CanAdmin,
     CanRead,
@@ -62,12 +63,16 @@ async def put_kernel(
 
 @router.get(wire.KERNEL, summary="Download a kernel pack", response_class=Response,
             responses={200: {"content": {MEDIA_TYPE: {}}}, 307: {"description": "presigned blob URL"}})
-def get_kernel(namespace: Namespace, key: KernelKey, store: StoreDep, settings: SettingsDep, _: CanRead) -> Response:
+def get_kernel(
+    request: Request, namespace: Namespace, key: KernelKey, store: StoreDep, settings: SettingsDep, _: CanRead,
+) -> Response:
     if settings.presigned_downloads:
         url = store.kernel_download_url(namespace, key, settings.presign_expires_s)
         if url is not None:
+            downloads.record(settings, request, namespace, downloads.KERNEL_LAYER, key, "redirect", 0)
             return RedirectResponse(url, status_code=307)
     entry, blob = store.open_kernel_pack(namespace, key)
+    downloads.record(settings, request, namespace, downloads.KERNEL_LAYER, key, "get", blob.size)
     return blob_response(blob, MEDIA_TYPE, _entry_headers(entry))
 
 
@@ -110,14 +115,16 @@ def missing_kernels(body: MissingRequest, namespace: Namespace, store: StoreDep,
 
 @router.post(wire.KERNELS_BATCH_GET, summary="Many packs in one streamed response",
              response_class=StreamingResponse, responses={200: {"content": {"application/x-tar": {}}}})
-def batch_get(request: Request, body: BatchGetRequest, namespace: Namespace, store: StoreDep, _: CanRead) -> StreamingResponse:
+def batch_get(
+    request: Request, body: BatchGetRequest, namespace: Namespace, store: StoreDep, settings: SettingsDep, _: CanRead,
+) -> StreamingResponse:
     """An uncompressed tar stream: first ``index.json`` (``{"found": [...], "missing": [...],
     "invalid": [...]}``), then ``<key>.kpack`` for each found key, in that order. Packs are
     already compressed, so the outer tar adds only headers."""
     batch = store.batch_get(namespace, body.keys)
     record_batch_lookups(request, len(batch.found), len(batch.missing))
     index = {"found": batch.found, "missing": batch.missing, "invalid": batch.invalid}
-    packs = ((wire.batch_member(key), blob) for key, blob in batch.packs)
+    packs = ((wire.batch_member(key), blob) for key, blob in downloads.batch_packs(settings, request, namespace, batch.packs))
     stream = tar_stream((wire.BATCH_INDEX, json.dumps(index).encode()), packs)
     return StreamingResponse(stream, media_type="application/x-tar")
 
