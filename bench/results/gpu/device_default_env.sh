@@ -14,7 +14,7 @@ work=/tmp/kcache-gpu-e2e
 {
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
     python3 -c 'import sys; print(sys.executable, sys.prefix, sys.version.split()[0])'
-    python3 -m pip install -q --no-index --find-links .whl --no-cache-dir .whl/kcache-*.whl || exit 1
+    python3 -m pip install -q --no-index --find-links .whl --no-cache-dir .whl/kcache*.whl || exit 1
     python3 -m pip list 2>/dev/null | grep -i -E '^(kcache|pydantic|pydantic.core|fastapi|starlette|uvicorn|httpx|anyio|zstandard|timm|transformers|torch|triton|typing.extensions) '
     site=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
     ls -l "$site/kcache_autoload.pth" || exit 1

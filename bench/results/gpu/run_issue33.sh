@@ -39,12 +39,12 @@ ts() { echo "$(date +%T) +$(( $(date +%s) - t0 ))s $*"; }
     nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"
     nproc
     $py -c 'import sys; print(sys.executable, sys.prefix, sys.version.split()[0])'
-    if compgen -G "$wheels/kcache-*.whl" >/dev/null; then
-        $py -m pip install -q --no-index --find-links "$wheels" --no-cache-dir "$wheels"/kcache-*.whl || exit 1
+    if compgen -G "$wheels/kcache*.whl" >/dev/null; then
+        $py -m pip install -q --no-index --find-links "$wheels" --no-cache-dir "$wheels"/kcache*.whl || exit 1
     elif $py -c 'import kcache, kcache_server' 2>/dev/null; then
-        ts "no $wheels/kcache-*.whl: using the kcache already installed"
+        ts "no $wheels/kcache*.whl: using the kcache already installed"
     else
-        echo "no $wheels/kcache-*.whl and no kcache installed: run bench/results/gpu/make_wheels.sh and carry .whl"
+        echo "no $wheels/kcache*.whl and no kcache installed: run bench/results/gpu/make_wheels.sh and carry .whl"
         exit 1
     fi
     $py -m pip list 2>/dev/null | grep -i -E '^(kcache|pydantic|fastapi|uvicorn|httpx|zstandard|transformers|torch|triton) '
