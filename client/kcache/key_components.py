@@ -20,9 +20,9 @@ from types import ModuleType
 from typing import Any
 
 from kcache_schemas import wire
-from kcache_schemas.explain import KeyComponents, parse_debug_lines
+from kcache_schemas.explain import KeyComponents, from_parts, parse_debug_lines
 
-from kcache import patching, require_hit
+from kcache import canary, key_context, patching, require_hit
 from kcache.after_import import call_after_import
 from kcache.current import get_runtime
 from kcache.failopen import guard, warn_once
@@ -41,7 +41,8 @@ def _missed(answer: Any) -> KeyComponents | None:
         return None
     lines = info.get("components")
     parts = parse_debug_lines(line for line in lines if isinstance(line, str)) if isinstance(lines, list) else {}
-    return KeyComponents(layer=LAYER, key=info["key"], components=parts)
+    context = from_parts(LAYER, info["key"], key_context.fx_graph(parts)).components if parts else {}
+    return KeyComponents(layer=LAYER, key=info["key"], components=parts, context=context)
 
 
 def _hook(codecache: ModuleType) -> None:
@@ -68,6 +69,12 @@ def _hook(codecache: ModuleType) -> None:
         if missed is not None:
             # Outside the guard on purpose: KCACHE_REQUIRE_HIT=fail raises into the compile.
             require_hit.compile_ahead(LAYER, missed)
+        with guard("kcache's canary could not audit an FX-graph hit; the hit is used"):
+            # A hit the canary audits reads as a miss from here on: Inductor compiles it (not a
+            # miss to record or to refuse under KCACHE_REQUIRE_HIT: the entry was there).
+            key = args[0] if args else kwargs.get("key")
+            if isinstance(key, str):
+                answer = canary.fx_lookup(answer, key)
         return answer
 
     patching.patch(PATCHES, cache_cls, "load_with_key", staticmethod(wrapper))

@@ -233,6 +233,13 @@ class EntryInfo(_Model):
     signature: EntrySignature | None = None
 
 
+class EntryList(_Model):
+    """A page of a layer's entries, by key."""
+
+    items: list[EntryInfo]
+    next_cursor: str | None = None
+
+
 class QuarantineRequest(_Model):
     """A client's report that torch could not load an entry kcache handed it."""
 

@@ -25,6 +25,14 @@ ENTRY_INFO = f"{ENTRY}/info"
 # POST: report that torch could not load the entry (write scope); GET: the report; DELETE: lift it
 # (admin). A quarantined entry answers 404 ``quarantined`` to every node and refuses re-uploads.
 ENTRY_QUARANTINE = f"{ENTRY}/quarantine"
+# GET ?prefix=&limit=&cursor=: a layer's entries by key prefix (kcache explain lists the
+# key-components layer's identity markers with it)
+ENTRY_LIST = f"{ENTRIES}/{{layer}}"
+# Keys the key-soundness canary found unsound (kcache_schemas.canary): GET the namespace's
+# reports; PUT (write scope) / GET one report
+UNSOUND_LIST = f"{API}/{{namespace}}/unsound"
+UNSOUND = f"{UNSOUND_LIST}/{{layer}}/{{key}}"
+PURGE = f"{API}/{{namespace}}/purge"  # POST: delete entries by recorded key part (admin; kcache_schemas.purge)
 WORKLOADS = f"{API}/{{namespace}}/workloads"
 WORKLOAD = f"{WORKLOADS}/{{name}}"
 RUNS = f"{API}/{{namespace}}/runs"

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Request, Response
+from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from kcache_schemas import EntryInfo, Producer, QuarantineInfo, QuarantineRequest, wire
+from kcache_schemas.models import EntryList
 
 from kcache_server.deps import (
     CanAdmin,
@@ -29,6 +30,7 @@ from kcache_server.responses import blob_response
 from kcache_server.signatures import admit_entry, registered_keys, supersedes
 
 router = APIRouter(tags=["entries"])
+ENTRY_KEY_PREFIX = r"^[A-Za-z0-9_.:=+-]*$"  # the entry-key alphabet (kcache_schemas.keys)
 
 
 def _headers(info: EntryInfo) -> dict[str, str]:
@@ -73,6 +75,18 @@ def head_entry(namespace: Namespace, layer: Layer, key: EntryKey, store: StoreDe
     info = store.entry_info(namespace, layer, key)
     headers = _headers(info) | {"Content-Length": str(info.size)}
     return Response(status_code=200, media_type="application/octet-stream", headers=headers)
+
+
+@router.get(wire.ENTRY_LIST, response_model=EntryList, summary="A layer's entries by key prefix (paginated)")
+def list_entries(
+    namespace: Namespace, layer: Layer, store: StoreDep, _: CanRead,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    cursor: Annotated[str, Query(max_length=512)] = "",
+    prefix: Annotated[str, Query(max_length=512, pattern=ENTRY_KEY_PREFIX)] = "",
+) -> EntryList:
+    items = store.list_entries(namespace, layer, cursor, prefix, limit + 1)
+    next_cursor = items[limit - 1].key if len(items) > limit else None
+    return EntryList(items=items[:limit], next_cursor=next_cursor)
 
 
 @router.get(wire.ENTRY_INFO, response_model=EntryInfo, summary="An entry's metadata, with its signer and provenance if signed")
