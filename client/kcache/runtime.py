@@ -20,6 +20,7 @@ from kcache_schemas.explain import (
     WORKLOAD_MISS,
     KeyComponents,
     components_key,
+    graph_key,
     identity,
     identity_marker,
 )

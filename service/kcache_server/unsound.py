@@ -29,7 +29,7 @@ def kind(layer: str) -> str:
 def parse(body: bytes, layer: str, key: str) -> UnsoundReport:
     """A report for ``layer``/``key`` as sent; :class:`InvalidBody` naming the field if not."""
     try:
-        report = UnsoundReport.model_validate_json(body)
+        report = UnsoundReport.model_validate(json.loads(body))
     except ValidationError as exc:
         first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid body"}
         raise InvalidBody(f"{'.'.join(str(p) for p in first.get('loc', ()))}: {first.get('msg')}") from None
