@@ -276,6 +276,15 @@ def kernel_compiled(rt: Runtime, key: str, kernel_dir: Path) -> bool:
 # ---- the report ------------------------------------------------------------------------------
 
 
+# A kernel's files as a reader compares them: the metadata first, then the IR from the top down.
+_READING_ORDER = (".json", ".source", ".ttir", ".ttgir", ".llir", ".ptx")
+
+
+def _reading_order(name: str) -> tuple[int, str]:
+    rank = next((i for i, suffix in enumerate(_READING_ORDER) if name.endswith(suffix)), len(_READING_ORDER))
+    return rank, name
+
+
 def _digest(outputs: dict[str, str]) -> str:
     return _sha(json.dumps(outputs, sort_keys=True))
 
@@ -285,13 +294,14 @@ def _report(
     served: dict[str, str], own: dict[str, str], components: dict[str, Any], context: dict[str, tuple[str, str]],
 ) -> None:
     """The key is unsound: quarantine the entry for everyone, with both sides' recorded inputs."""
-    from kcache_schemas.canary import UnsoundReport, suspects, unified_diff
+    from kcache_schemas.canary import MAX_DIFF_LINES, UnsoundReport, suspects, unified_diff
     from kcache_schemas.explain import KeyComponents, from_parts
 
-    differing = sorted(n for n in served.keys() | own.keys() if served.get(n) != own.get(n))
+    differing = sorted((n for n in served.keys() | own.keys() if served.get(n) != own.get(n)), key=_reading_order)
     lines: list[str] = []
+    share = max(8, MAX_DIFF_LINES // max(1, len(differing)))  # every differing file shows, the first ones most
     for name in differing:
-        lines += unified_diff(served.get(name, ""), own.get(name, ""), f"served/{name}", f"own/{name}")
+        lines += unified_diff(served.get(name, ""), own.get(name, ""), f"served/{name}", f"own/{name}")[:share]
     consumer = rt.with_origin(KeyComponents(layer=layer, key=key, components=components,
                                             context=from_parts(layer, key, context).components))
     producer = None
@@ -305,7 +315,7 @@ def _report(
             producer = None
     report = UnsoundReport(
         layer=layer, key=stored_key, compared=compared, served_digest=_digest(served), own_digest=_digest(own),
-        output_diff=lines[:80], producer=producer, consumer=consumer, suspects=suspects(producer, consumer),
+        output_diff=lines[:MAX_DIFF_LINES], producer=producer, consumer=consumer, suspects=suspects(producer, consumer),
     )
     what = ", ".join(differing[:4]) + (f" (+{len(differing) - 4} more)" if len(differing) > 4 else "")
     rt.quarantine(layer, stored_key, f"unsound key: own compile differs from the entry in {what}",

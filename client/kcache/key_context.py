@@ -8,7 +8,8 @@ are equal by definition. So each key's parts are recorded with this context:
 
 * ``inductor_config[<name>]`` for every Inductor setting the key's parts do not already carry
   (torch leaves some out of its key on purpose: ``_cache_config_ignore_prefix``,
-  ``_save_config_ignore``; a torch bug may leave out others), FX-graph keys only;
+  ``_save_config_ignore``; a torch bug may leave out others), but those naming a directory or
+  file (they differ per node), FX-graph keys only;
 * ``backends[<switch>]``: torch's global switches that select kernels (SDPA backends, TF32,
   cuDNN), read from torch's own flags, FX-graph keys only;
 * ``distributed[rank]``, ``distributed[world_size]`` from ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``;
@@ -29,6 +30,7 @@ from collections.abc import Iterable, Mapping
 Parts = dict[str, tuple[str, str]]  # name -> (hash, value), as kernel_key_parts
 _ENV_PREFIXES = ("TORCHINDUCTOR_", "TORCH_", "TRITON_", "PYTORCH_")
 _DIR_SUFFIXES = ("_DIR", "_PATH", "_HOME", "_ROOT", "_FILE")
+_PLACE_SUFFIXES = tuple(s.lower() for s in _DIR_SUFFIXES)
 _RANK_VARS = (("rank", "RANK"), ("local_rank", "LOCAL_RANK"), ("world_size", "WORLD_SIZE"))
 # torch.backends switches that choose kernels without appearing in Inductor's FX key on every
 # torch (pytorch#185449: the SDPA backend). Read as attributes or zero-argument calls.
@@ -62,7 +64,7 @@ def common() -> Parts:
         if (value := os.environ.get(var)) is not None:
             _put(parts, f"distributed[{name}]", value)
     for var in sorted(os.environ):
-        if var.startswith(_ENV_PREFIXES) and not var.endswith(_DIR_SUFFIXES) and not var.startswith("TORCH_HOME"):
+        if var.startswith(_ENV_PREFIXES) and not var.endswith(_DIR_SUFFIXES):
             digest = _digest(os.environ[var])
             parts[f"env[{var}]"] = (digest, f"sha256:{digest[:12]}")
     return parts
@@ -93,9 +95,16 @@ def _inductor_settings(in_key: Iterable[str]) -> Parts:
     parts: Parts = {}
     for name, value in sorted(copy().items()):
         label = f"inductor_config[{name}]"
-        if label not in known and not callable(value):
-            _put(parts, label, value)
+        if label in known or callable(value) or _names_a_place(name, value):
+            continue
+        _put(parts, label, value)
     return parts
+
+
+def _names_a_place(name: str, value: object) -> bool:
+    """Settings that name a directory or file (``cuda.cutlass_dir``, resolved against the working
+    directory): they differ per node and change no output, so they would only hide the suspect."""
+    return name.endswith(_PLACE_SUFFIXES) or (isinstance(value, str) and os.path.isabs(value))
 
 
 def fx_graph(key_parts: Mapping[str, object]) -> Parts:
