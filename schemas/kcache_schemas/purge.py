@@ -16,9 +16,10 @@ Entries stored without recorded parts (by clients older than the parts) are not 
 
 from __future__ import annotations
 
-from typing import Final
+import re
+from typing import Annotated, Final
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 ENVIRONMENT_FIELDS: Final = ("torch", "triton", "cuda", "hip", "gpu_arch")
 RUN: Final = "run"
@@ -30,23 +31,39 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+# NAME=VALUE where NAME is a key part (``word[...]``) or one of the fixed names: the rule
+# parse_condition applies, as a JSON-schema pattern for the API's document.
+_PART_NAME = r"[A-Za-z_][A-Za-z0-9_.]*\[[^=]*\]"
+CONDITION_PATTERN: Final = rf"^(?:{_PART_NAME}|{'|'.join((*ENVIRONMENT_FIELDS, RUN, PRODUCER_KEY))})="
+_CONDITION = re.compile(CONDITION_PATTERN)
+
+
 def parse_condition(text: str) -> tuple[str, str]:
     """``NAME=VALUE`` -> ``(NAME, VALUE)``; ValueError saying what is accepted."""
     name, sep, value = text.partition("=")
-    name = name.strip()
     if not sep or not name:
         raise ValueError(f"{text[:80]!r} is not a condition: use NAME=VALUE, e.g. 'inductor_config[max_autotune]=True', "
                          "torch=2.13.0, triton=3.9.0, run=ID or producer_key=ID")
-    if "[" not in name and name not in (*ENVIRONMENT_FIELDS, RUN, PRODUCER_KEY):
-        raise ValueError(f"{name[:80]!r} is neither a key part (NAME[...]) nor one of "
+    if _CONDITION.match(text) is None:
+        raise ValueError(f"{name[:80]!r} is neither a key part (NAME[...], as kcache explain names it) nor one of "
                          f"{', '.join((*ENVIRONMENT_FIELDS, RUN, PRODUCER_KEY))}")
     return name, value
 
 
+def _whole_number(value: object) -> object:
+    """JSON Schema's integers include ``3.0``; strict validation would refuse it."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
 class PurgeRequest(_Model):
-    where: list[str] = Field(min_length=1, max_length=16, description="NAME=VALUE conditions, all must match")
+    # Strict: ``"dry_run": 0`` or ``"false"`` is refused, not read as a boolean (a purge deletes).
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    # The pattern is for the API's document; the validator below checks it with a clear message.
+    where: list[Annotated[str, Field(max_length=1024, json_schema_extra={"pattern": CONDITION_PATTERN})]] = Field(
+        min_length=1, max_length=16, description="NAME=VALUE conditions, all must match")
     dry_run: bool = True
-    max_scan: int = Field(default=100_000, ge=1, le=10_000_000, description="recorded keys read at most")
+    max_scan: Annotated[int, BeforeValidator(_whole_number)] = Field(default=100_000, ge=1, le=10_000_000, description="recorded keys read at most")
 
     @field_validator("where")
     @classmethod

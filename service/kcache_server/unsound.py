@@ -27,17 +27,17 @@ def kind(layer: str) -> str:
 
 
 def parse(body: bytes, layer: str, key: str) -> UnsoundReport:
-    """A report for ``layer``/``key`` as sent; :class:`InvalidBody` naming the field if not."""
+    """A report as sent, for the ``layer``/``key`` of its URL (what the body says of them is
+    replaced); :class:`InvalidBody` naming the field if it is not one."""
     try:
-        report = UnsoundReport.model_validate(json.loads(body))
+        json.loads(body)  # not JSON at all: said so, before the schema's complaints
+        report = UnsoundReport.model_validate_json(body, strict=True)  # "reported_at": 0 is no time
     except ValidationError as exc:
         first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid body"}
         raise InvalidBody(f"{'.'.join(str(p) for p in first.get('loc', ()))}: {first.get('msg')}") from None
     except (ValueError, RecursionError) as exc:
         raise InvalidBody(f"not a JSON document: {str(exc)[:200]}") from None
-    if report.layer != layer or report.key != key:
-        raise InvalidBody(f"the report is for {report.layer}/{report.key[:80]}, not {layer}/{key[:80]}")
-    return report
+    return report.model_copy(update={"layer": layer, "key": key})
 
 
 def record(store: CacheStore, namespace: str, report: UnsoundReport, reporter: str | None) -> tuple[UnsoundReport, bool]:
