@@ -80,7 +80,7 @@ def _sha(data: bytes | str) -> str:
 @dataclass(frozen=True)
 class _ServedGraph:
     service_key: str  # as stored (Inductor's remote form)
-    stored_sha256: str  # of the stored bytes handed to Inductor: the quarantine names them
+    stored_sha256: str  # of the stored bytes handed to Inductor ("": ask the local tier)
     source: str  # normalised
     debug_lines: tuple[str, ...]  # this node's key parts, as Inductor printed them
 
@@ -158,9 +158,12 @@ def fx_lookup(answer: Any, key: str) -> Any:
     if not isinstance(source, str):
         rt.stats.verify("audit_skipped", "fx-graph: the graph carries no generated source")
         return answer
+    # The quarantine names the stored bytes: what Inductor got, unless a signature envelope was
+    # opened on the way (then the local tier's stored copy is hashed when it is reported).
+    stored_sha256 = _sha(served[1]) if rt.signing is None else ""
     with _lock:
         _pending_fx[key] = _ServedGraph(
-            served[0], _sha(served[1]), normalise(source),
+            served[0], stored_sha256, normalise(source),
             tuple(line for line in lines if isinstance(line, str)) if isinstance(lines, list) else (),
         )
     return None, {**info, "cache_state": "miss"}
@@ -319,4 +322,4 @@ def _report(
     )
     what = ", ".join(differing[:4]) + (f" (+{len(differing) - 4} more)" if len(differing) > 4 else "")
     rt.quarantine(layer, stored_key, f"unsound key: own compile differs from the entry in {what}",
-                  sha256=stored_sha256, unsound=report)
+                  sha256=stored_sha256 or None, unsound=report)

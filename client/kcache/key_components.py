@@ -7,8 +7,12 @@ and 2.15. Inductor compiles right after a miss. kcache wraps the method and, on 
 
 * counts it in the process's stats (``missed``: what ``kcache explain --file/--run`` explains),
 * uploads the parts beside the key (the ``key-components`` layer) so any node can explain a
-  later miss against this key (the key is then also this node's compiled entry),
+  later miss against this key (the key is then also this node's compiled entry), with what the
+  compile depended on beyond the key (:mod:`kcache.key_context`),
 * lets the must-hit guard (:mod:`kcache.require_hit`) warn about or fail the compile.
+
+On a hit kcache served, the key-soundness canary (:mod:`kcache.canary`, ``KCACHE_CANARY``) may
+turn the answer into a miss so that Inductor compiles the graph and the two can be compared.
 
 An unknown shape of the method or of its answer leaves Inductor alone (one warning).
 """
