@@ -153,6 +153,10 @@ def deactivate() -> None:
 
         tvm_ffi_jit.uninstall()
     patching.restore_all()
+    if "kcache.canary" in sys.modules:
+        from kcache import canary
+
+        canary.reset()  # audits under way belong to this installation's runtime
     if os.environ.get("TRITON_CACHE_MANAGER") == TRITON_MANAGER:
         del os.environ["TRITON_CACHE_MANAGER"]
     # Otherwise processes started after uninstall() would still autoload kcache from KCACHE_URL.

@@ -95,6 +95,13 @@ def parse_bytes(raw: str) -> int:
     return parse(raw)
 
 
+def parse_fraction(raw: str) -> float:
+    """``0.01``, ``1%``: a share from 0 to 1, :mod:`kcache_schemas.units`."""
+    from kcache_schemas.units import parse_fraction as parse
+
+    return parse(raw)
+
+
 def _seconds(minimum: float = 0.0, *, above: bool = False) -> Callable[[str], float]:
     """A ``KCACHE_*_S`` value: seconds, or a duration with a unit (``500ms``, ``30s``, ``2m``)."""
 
@@ -186,6 +193,7 @@ _VARIABLES: dict[str, tuple[str, Callable[[str], Any]]] = {
     "local_dir": ("KCACHE_LOCAL_DIR", _text),
     "local_max_bytes": ("KCACHE_LOCAL_MAX_BYTES", parse_bytes),
     "require_hit": ("KCACHE_REQUIRE_HIT", parse_require_hit),
+    "canary": ("KCACHE_CANARY", parse_fraction),
 }
 
 
@@ -220,6 +228,9 @@ class ClientConfig:
     local_dir: str | None = None
     local_max_bytes: int = DEFAULT_LOCAL_MAX_BYTES  # 0: unbounded
     require_hit: Literal["warn", "fail"] | None = None  # see kcache.require_hit
+    # The share of FX-graph and kernel hits this process compiles anyway and compares with the
+    # entry (kcache.canary): 0 (off) by default, so a hit costs nothing extra.
+    canary: float = 0.0
 
     def local_root(self) -> Path:
         return Path(self.local_dir) if self.local_dir else default_local_dir()

@@ -26,6 +26,7 @@ from kcache_schemas import (
     normalize_kernel_key,
     wire,
 )
+from kcache_schemas.canary import UnsoundReport
 from kcache_schemas.errors import STATUS
 from kcache_schemas.models import EntryList
 from kcache_schemas.pack import DEFAULT_LIMITS, MEDIA_TYPE
@@ -290,6 +291,18 @@ class KcacheClient:
     def quarantine_info(self, layer: str, key: str) -> QuarantineInfo:
         """Why the entry is quarantined; NotFound if it is not."""
         return QuarantineInfo.model_validate_json(self._request("GET", wire.path(wire.ENTRY_QUARANTINE, namespace=self._ns, layer=layer, key=key)).content)
+
+    # ---- key soundness (kcache.canary) ---------------------------------------------------
+
+    def report_unsound(self, report: UnsoundReport) -> UnsoundReport:
+        """Report a key this node's canary found unsound; the service keeps the first report."""
+        headers = {"Content-Type": "application/json", wire.PRODUCER: f"kcache/{__version__}"}
+        path = wire.path(wire.UNSOUND, namespace=self._ns, layer=report.layer, key=report.key)
+        return UnsoundReport.model_validate_json(self._request("PUT", path, content=report.model_dump_json(), headers=headers).content)
+
+    def unsound_report(self, layer: str, key: str) -> UnsoundReport:
+        """What a canary found for the key; NotFound if no canary reported it."""
+        return UnsoundReport.model_validate_json(self._request("GET", wire.path(wire.UNSOUND, namespace=self._ns, layer=layer, key=key)).content)
 
     # ---- generic JSON (workloads, runs) ---------------------------------------------------
 

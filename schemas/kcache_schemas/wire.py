@@ -21,11 +21,17 @@ KERNELS_MISSING = f"{KERNELS}:missing"
 KERNELS_BATCH_GET = f"{KERNELS}:batch-get"
 ENTRIES = f"{API}/{{namespace}}/entries"
 ENTRY = f"{ENTRIES}/{{layer}}/{{key}}"
-ENTRY_LIST = f"{ENTRIES}/{{layer}}"  # GET: a layer's entries, paginated like KERNELS
+ENTRY_LIST = f"{ENTRIES}/{{layer}}"  # GET ?prefix=&limit=&cursor=: a layer's entries, paginated like KERNELS
+# (kcache ls --entries; kcache explain lists the key-components layer's identity markers with it)
 ENTRY_INFO = f"{ENTRY}/info"
 # POST: report that torch could not load the entry (write scope); GET: the report; DELETE: lift it
 # (admin). A quarantined entry answers 404 ``quarantined`` to every node and refuses re-uploads.
 ENTRY_QUARANTINE = f"{ENTRY}/quarantine"
+# Keys the key-soundness canary found unsound (kcache_schemas.canary): GET the namespace's
+# reports; PUT (write scope) / GET one report
+UNSOUND_LIST = f"{API}/{{namespace}}/unsound"
+UNSOUND = f"{UNSOUND_LIST}/{{layer}}/{{key}}"
+PURGE = f"{API}/{{namespace}}/purge"  # POST: delete entries by recorded key part (admin; kcache_schemas.purge)
 WORKLOADS = f"{API}/{{namespace}}/workloads"
 WORKLOAD = f"{WORKLOADS}/{{name}}"
 RUNS = f"{API}/{{namespace}}/runs"

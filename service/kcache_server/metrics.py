@@ -18,6 +18,9 @@
 * ``kcache_quarantined_total{layer}``: entries a client reported torch could not load, taken out
   of service by this process (``POST .../quarantine`` that created the report); the ones in force
   are ``kcache_storage_entries{kind="quarantine/<layer>"}``.
+* ``kcache_unsound_keys_total{layer}``: keys a node's key-soundness canary found unsound (its own
+  compile of the key gave other output than the stored entry: ``PUT .../unsound/{layer}/{key}``
+  that recorded a new report); the entry is quarantined with it.
 * ``kcache_backend_errors_total{backend}``: every ``BackendUnavailable`` that reached the API's
   error handler (answered 503), or a failed usage scrape.
 * Retention: ``kcache_storage_budget_bytes{namespace,limit}`` (``soft``/``hard``, for namespaces
@@ -167,6 +170,7 @@ class Metrics:
         self.backend_errors = Counter("kcache_backend_errors", "Storage backend failures (BackendUnavailable), by backend", ["backend"], registry=r)
         self.run_reports = Counter("kcache_run_reports", "Client run-stats reports received", registry=r)
         self.quarantined = Counter("kcache_quarantined", "Entries reported unloadable and taken out of service, by layer", ["layer"], registry=r)
+        self.unsound = Counter("kcache_unsound_keys", "Keys a node's canary found unsound (its compile differed from the stored entry), by layer", ["layer"], registry=r)
         self.gc_runs = Counter("kcache_gc_runs", "GC runs finished by this process, by trigger (schedule, pressure, api)", ["trigger"], registry=r)
         self.gc_duration = Histogram("kcache_gc_duration_seconds", "Duration of a GC run (one namespace, or the orphan sweep)", buckets=_GC_BUCKETS, registry=r)
         self.gc_evicted_bytes = Counter("kcache_gc_evicted_bytes", "Bytes the GC evicted, by namespace and reason (env, ttl, budget; orphan: blobs, namespace *)", ["namespace", "reason"], registry=r)
@@ -175,6 +179,8 @@ class Metrics:
         build.labels(__version__).set(1)
         for result in ("hit", "miss"):  # so rates are defined from the first scrape
             self.lookups.labels(KERNEL_LAYER, result)
+        for audited in (wire.CacheLayer.FX_GRAPH.value, KERNEL_LAYER):  # an alert on > 0 sees the 0
+            self.unsound.labels(audited)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
@@ -275,6 +281,8 @@ class MetricsMiddleware:
             m.run_reports.inc()
         elif template == wire.ENTRY_QUARANTINE and method == "POST" and status == 201:
             m.quarantined.labels(layer).inc()
+        elif template == wire.UNSOUND and method == "PUT" and status == 201:
+            m.unsound.labels(layer_label(str(scope.get("path_params", {}).get("layer", "")))).inc()
 
 
 def instrument(app: FastAPI, usage_ttl_s: float | None = None) -> Metrics:

@@ -423,6 +423,7 @@ class CacheStore:
         if manifest.key != key:
             raise KeyMismatch(f"pack is for kernel {manifest.key}, not {key}")
         entry = _kernel_entry(namespace, manifest, len(pack))
+        self._refuse_quarantined(namespace, KERNEL, key)
         record = IndexRecord(
             namespace=namespace,
             kind=KERNEL,
@@ -433,11 +434,18 @@ class CacheStore:
             created_at=entry.created_at.timestamp(),
         )
         result = self._commit(record, pack)
+        if result.created and self.index.get(namespace, quarantine_kind(KERNEL), key) is not None:
+            self._drop(record)  # quarantined while it committed (see put_entry)
+            self._refuse_quarantined(namespace, KERNEL, key)
         return KernelEntry.model_validate_json(result.meta), result.created
 
     def _kernel_record(self, namespace: str, key: str) -> IndexRecord:
         record = self.index.get(namespace, KERNEL, key)
         if record is None:
+            # Only a miss pays for this lookup: a quarantined kernel has no record any more.
+            marker = self.index.get(namespace, quarantine_kind(KERNEL), key)
+            if marker is not None:
+                raise Quarantined(f"kernel {key}", QuarantineInfo.model_validate_json(marker.meta).reason)
             raise NotFound(f"kernel {key}")
         return record
 
@@ -651,12 +659,14 @@ class CacheStore:
         existing = self.index.get(namespace, kind, key)
         if existing is not None:
             return QuarantineInfo.model_validate_json(existing.meta), False
-        record = self.index.get(namespace, entry_kind(layer), key)
+        # Layer "kernel" names a kernel pack (the key-soundness canary reports those): its
+        # record is the kernel's, its digest the pack's sha256.
+        record = self.index.get(namespace, KERNEL if layer == KERNEL else entry_kind(layer), key)
         if record is not None and sha256 is not None and record.digest != sha256:
             raise Conflict(f"{layer} entry {key} is not the content reported (stored sha256 {record.digest[:16]}...): left in service")
         info = QuarantineInfo(
             namespace=namespace, layer=layer, key=key, reason=reason, quarantined_at=datetime.now(timezone.utc),
-            reporter=reporter, entry=EntryInfo.model_validate_json(record.meta) if record is not None else None,
+            reporter=reporter, entry=EntryInfo.model_validate_json(record.meta) if record is not None and layer != KERNEL else None,
         )
         marker = IndexRecord(namespace=namespace, kind=kind, key=key, digest="", size=0, meta=info.model_dump_json())
         stored = self.index.put_if_absent(marker)

@@ -106,7 +106,8 @@ def delete_entry(namespace: Namespace, layer: Layer, key: EntryKey, store: Store
 
 
 @router.post(wire.ENTRY_QUARANTINE, status_code=201, response_model=QuarantineInfo,
-             summary="Report an entry torch could not load: out of service for every node")
+             summary="Report an entry torch could not load (or a canary found unsound): out of service for every node",
+             responses={200: {"model": QuarantineInfo, "description": "Quarantined already: the report in force"}})
 def quarantine_entry(
     body: QuarantineRequest, response: Response, namespace: Namespace, layer: Layer, key: EntryKey, store: StoreDep,
     _: CanWrite, x_kcache_producer: Annotated[str | None, Header(max_length=256)] = None,
