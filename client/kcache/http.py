@@ -10,6 +10,7 @@ import contextlib
 import io
 import json
 import tarfile
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -26,6 +27,7 @@ from kcache_schemas import (
     wire,
 )
 from kcache_schemas.errors import STATUS
+from kcache_schemas.models import BatchUrls, WorkloadView
 from kcache_schemas.pack import DEFAULT_LIMITS, MEDIA_TYPE
 
 from kcache import __version__
@@ -44,6 +46,9 @@ _MAX_BODY = DEFAULT_LIMITS.max_unpacked_bytes + (64 << 20)
 _ANSWERS = frozenset({STATUS[ErrorCode.INSUFFICIENT_STORAGE]})
 # Describe the wire encoding of the body, not the decoded bytes we hand on.
 _BODY_HEADERS = {"content-encoding", "content-length", "transfer-encoding"}
+# kcache's own headers (the producer's compile time) ride on a redirect to the object store,
+# whose answer lacks them: they are carried over to the response a caller sees.
+_OWN_HEADER_PREFIX = "x-kcache-"
 
 
 class _ByteStream(io.RawIOBase):
@@ -98,9 +103,28 @@ class KcacheClient:
         self._ns = config.namespace
         self._base = config.url.rstrip("/")  # errors name the service they could not reach
         self._last_refused = False
+        # Presigned object-store downloads go through a client of their own: never with the
+        # service's bearer token (an S3 URL carries its own signature, and must not see ours).
+        self._blob_http: httpx.Client | None = None
+        self._blob_lock = threading.Lock()
+        # What the service's last workload view said (wire.DOWNLOADS): it hands out object-store
+        # URLs for packs and entries, so a prefetch asks for URLs rather than bytes.
+        self.presigned_downloads = False
 
     def close(self) -> None:
         self._http.close()
+        if self._blob_http is not None:
+            self._blob_http.close()
+
+    def _blob_client(self) -> httpx.Client:
+        with self._blob_lock:
+            if self._blob_http is None:
+                self._blob_http = httpx.Client(
+                    headers={"User-Agent": f"kcache/{__version__}"},
+                    timeout=httpx.Timeout(self.config.read_timeout_s, connect=self.config.connect_timeout_s),
+                    limits=httpx.Limits(max_connections=16, max_keepalive_connections=8),
+                )
+            return self._blob_http
 
     def known_dead(self) -> bool:
         """The service refused our last connection, or the breaker is open: waiting cannot help."""
@@ -108,17 +132,21 @@ class KcacheClient:
 
     # ---- transport ------------------------------------------------------------------------
 
-    def _request(self, method: str, path: str, *, idempotent: bool = True, **kwargs: Any) -> httpx.Response:
+    def _request(self, method: str, path: str, *, idempotent: bool = True, http: httpx.Client | None = None,
+                 **kwargs: Any) -> httpx.Response:
+        """``path`` under the service, or an absolute URL with ``http`` (an object store's)."""
         if not self.breaker.allow():
             raise ServiceUnavailable("circuit breaker open: the service failed recently; not calling it")
         attempts = 1 + (max(0, self.config.retries) if idempotent else 0)
         last: ServiceUnavailable | None = None
+        # A presigned URL's query is a credential: errors name the object, not the signature.
+        where = path.split("?", 1)[0] if http is not None else f"{self._base}{path}"
         for attempt in range(attempts):
             try:
-                response = self._send(method, path, **kwargs)
+                response = self._send(method, path, http or self._http, **kwargs)
             except httpx.HTTPError as exc:  # timeouts, refused, reset, undecodable body, redirect loop
                 self._last_refused = _refused(exc)
-                last = ServiceUnavailable(f"{method} {self._base}{path}: {type(exc).__name__}: {exc}")
+                last = ServiceUnavailable(f"{method} {where}: {type(exc).__name__}: {exc}")
                 if isinstance(exc, httpx.TimeoutException):
                     break  # a service that let a whole deadline pass won't answer a retry sooner
             else:
@@ -127,14 +155,14 @@ class KcacheClient:
                     self.breaker.success()
                     raise_for_status(response)
                     return response
-                last = ServiceUnavailable(f"{method} {self._base}{path}: HTTP {response.status_code}")
+                last = ServiceUnavailable(f"{method} {where}: HTTP {response.status_code}")
             if attempt + 1 < attempts:
                 time.sleep(0.05 * (2**attempt))
         self.breaker.failure()
         assert last is not None
         raise last
 
-    def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+    def _send(self, method: str, path: str, http: httpx.Client, **kwargs: Any) -> httpx.Response:
         """One attempt, body read under a total deadline and a size cap.
 
         httpx's read timeout applies to each socket read, so a server that trickles a byte
@@ -143,7 +171,7 @@ class KcacheClient:
         bodies that really flow (large packs on a slow link).
         """
         deadline = time.monotonic() + self.config.connect_timeout_s + self.config.read_timeout_s
-        with self._http.stream(method, path, **kwargs) as r:
+        with http.stream(method, path, **kwargs) as r:
             declared = r.headers.get("Content-Length", "")
             if declared.isdigit() and int(declared) > _MAX_BODY:
                 raise httpx.RemoteProtocolError(f"response body of {declared} bytes exceeds {_MAX_BODY}", request=r.request)
@@ -157,6 +185,8 @@ class KcacheClient:
                     raise httpx.ReadTimeout(f"response body too slow ({received} bytes by the deadline)", request=r.request)
                 chunks.append(chunk)
         headers = [(k, v) for k, v in r.headers.multi_items() if k.lower() not in _BODY_HEADERS]
+        for earlier in r.history:  # a redirect to the object store: our headers were on the redirect
+            headers += [(k, v) for k, v in earlier.headers.multi_items() if k.lower().startswith(_OWN_HEADER_PREFIX) and k not in r.headers]
         return httpx.Response(r.status_code, headers=headers, content=b"".join(chunks), request=r.request)
 
     # ---- kernels --------------------------------------------------------------------------
@@ -223,6 +253,35 @@ class KcacheClient:
                 self.breaker.failure()
                 raise ServiceUnavailable(f"batch-get: malformed stream: {exc}") from exc
 
+    def batch_urls(self, keys: Iterable[str]) -> BatchUrls:
+        """Presigned object-store URLs of the stored packs among ``keys`` (``inline``: found
+        keys to fetch through :meth:`batch_get`). Keys not asked for are dropped."""
+        keys = list(dict.fromkeys(keys))
+        urls: dict[str, str] = {}
+        inline: list[str] = []
+        missing: list[str] = []
+        invalid: list[str] = []
+        expires = 0
+        for i in range(0, len(keys), _BATCH_GET):
+            chunk = keys[i : i + _BATCH_GET]
+            r = self._request("POST", wire.path(wire.KERNELS_BATCH_URLS, namespace=self._ns), json={"keys": chunk})
+            part = BatchUrls.model_validate_json(r.content)
+            wanted = set()
+            for k in chunk:
+                with contextlib.suppress(InvalidKeyError):
+                    wanted.add(normalize_kernel_key(k))
+            urls |= {k: u for k, u in part.urls.items() if k in wanted and u.startswith(("https://", "http://"))}
+            inline += [k for k in part.inline if k in wanted]
+            missing += part.missing
+            invalid += part.invalid
+            expires = part.expires_s
+        return BatchUrls(urls=urls, inline=inline, missing=missing, invalid=invalid, expires_s=expires)
+
+    def get_url(self, url: str) -> bytes:
+        """The body at a presigned object-store URL (under the same deadlines and breaker as
+        the service: a node that cannot reach the store fails open as for a dead service)."""
+        return self._request("GET", url, http=self._blob_client()).content
+
     def list_kernels(self, prefix: str = "", page_size: int = 500) -> Iterator[KernelEntry]:
         cursor = ""
         while True:
@@ -264,6 +323,15 @@ class KcacheClient:
     def quarantine_info(self, layer: str, key: str) -> QuarantineInfo:
         """Why the entry is quarantined; NotFound if it is not."""
         return QuarantineInfo.model_validate_json(self._request("GET", wire.path(wire.ENTRY_QUARANTINE, namespace=self._ns, layer=layer, key=key)).content)
+
+    # ---- workloads ------------------------------------------------------------------------
+
+    def workload_view(self, name: str, fingerprint: str) -> WorkloadView:
+        """A workload's merged manifest for ``fingerprint`` (NotFound if none); also notes
+        whether the service hands out presigned downloads (:attr:`presigned_downloads`)."""
+        r = self._request("GET", wire.path(wire.WORKLOAD, namespace=self._ns, name=name), params={"fingerprint": fingerprint})
+        self.presigned_downloads = r.headers.get(wire.DOWNLOADS) == wire.DOWNLOADS_PRESIGNED
+        return WorkloadView.model_validate_json(r.content)
 
     # ---- generic JSON (workloads, runs) ---------------------------------------------------
 

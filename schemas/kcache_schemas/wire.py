@@ -19,6 +19,8 @@ KERNEL_MANIFEST = f"{KERNEL}/manifest"
 KERNEL_FILE = f"{KERNEL}/files/{{filename}}"
 KERNELS_MISSING = f"{KERNELS}:missing"
 KERNELS_BATCH_GET = f"{KERNELS}:batch-get"
+# Presigned object-store URLs for many packs at once (kcache_schemas.models.BatchUrls).
+KERNELS_BATCH_URLS = f"{KERNELS}:batch-urls"
 ENTRIES = f"{API}/{{namespace}}/entries"
 ENTRY = f"{ENTRIES}/{{layer}}/{{key}}"
 ENTRY_INFO = f"{ENTRY}/info"
@@ -51,6 +53,11 @@ COMPILE_TIME = "X-Kcache-Compile-Time"  # the producer's compile time, seconds: 
 PRODUCER = "X-Kcache-Producer"  # kcache/<version> of the uploading client
 TOTAL_SIZE = "X-Kcache-Total-Size"  # a kernel's unpacked size, on HEAD/GET
 TARGET = "X-Kcache-Target"  # device_type:arch:warp_size of a kernel
+# On a workload view: how this service hands out stored bytes. ``presigned``: kernel packs through
+# kernels:batch-urls and entry GETs answer with object-store URLs (307), so a prefetch asks for
+# URLs instead of bytes. Absent: the bytes come through the service.
+DOWNLOADS = "X-Kcache-Downloads"
+DOWNLOADS_PRESIGNED = "presigned"
 
 
 # ---- cache layers ------------------------------------------------------------------------------

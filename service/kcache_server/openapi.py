@@ -62,8 +62,9 @@ _SIZE_LIMITED = {("put", wire.KERNEL), ("put", wire.ENTRY), ("post", wire.RUN_ST
 _WRITE_ONCE = {("put", wire.KERNEL), ("put", wire.ENTRY)}
 _STORAGE_LIMITED = _WRITE_ONCE  # uploads count against the namespace's storage limits
 _ONE_ITEM = ("{key}", "{name}", "{run_id}")
-# A GC run names an environment (``env``) that may not exist in the namespace.
-_NOT_FOUND_TOO = {("post", wire.GC)}
+# A GC run names an environment (``env``) that may not exist in the namespace; a pin names a
+# workload that may have no published run (without ``?ahead=true``).
+_NOT_FOUND_TOO = {("post", wire.GC), ("put", wire.PIN)}
 _BINARY = {"type": "string", "format": "binary"}
 # Bodies the routes read themselves: (method, path) -> (media type, schema).
 _OWN_BODIES: dict[tuple[str, str], tuple[str, dict[str, Any]]] = {
