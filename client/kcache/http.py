@@ -71,6 +71,23 @@ class _ByteStream(io.RawIOBase):
         return n
 
 
+class _Retryable(Exception):
+    """A failed attempt worth one more (a dropped connection, a 5xx): carries the error to
+    raise if none is left."""
+
+    def __init__(self, error: ServiceUnavailable) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _canonical(key: str) -> str:
+    """A kernel key as the service answers it ('' for one it would refuse)."""
+    try:
+        return normalize_kernel_key(key)
+    except InvalidKeyError:
+        return ""
+
+
 def _refused(exc: BaseException) -> bool:
     """Did the OS refuse the connection (nothing listens there)? httpx wraps the OSError twice."""
     seen: BaseException | None = exc
@@ -219,39 +236,65 @@ class KcacheClient:
         return out
 
     def batch_get(self, keys: Iterable[str]) -> Iterator[tuple[str, bytes]]:
-        """Yield ``(key, pack)`` for each stored key, streaming many packs per request."""
+        """Yield ``(key, pack)`` for each stored key, streaming many packs per request.
+
+        A connection that drops before the answer or halfway through it (a replica restarting,
+        a keep-alive connection the service closed as it was reused, an object-store read that
+        failed mid-stream), or a 5xx, is retried as :meth:`_request` retries: once, for the
+        packs that did not arrive; a timeout is not."""
         keys = list(dict.fromkeys(keys))
+        attempts = 1 + max(0, self.config.retries)
         for i in range(0, len(keys), _BATCH_GET):
-            if not self.breaker.allow():
-                raise ServiceUnavailable("circuit breaker open")
-            # The service answers canonical keys; a name we did not ask for (another kernel,
-            # "../x") is a broken or hostile server, and its key must never reach a path.
-            wanted = set()
-            for k in keys[i : i + _BATCH_GET]:
-                with contextlib.suppress(InvalidKeyError):
-                    wanted.add(normalize_kernel_key(k))
-            try:
-                with self._http.stream("POST", wire.path(wire.KERNELS_BATCH_GET, namespace=self._ns), json={"keys": keys[i : i + _BATCH_GET]}) as r:
-                    if r.status_code >= 400:
-                        r.read()
-                        raise_for_status(r)
-                    with tarfile.open(fileobj=io.BufferedReader(_ByteStream(r.iter_raw()), 1 << 20), mode="r|") as tf:
-                        for member in tf:
-                            fh = tf.extractfile(member)
-                            key = wire.batch_member_key(member.name)
-                            if fh is None or key is None:
-                                continue
-                            if key not in wanted:
-                                raise InvalidPack(f"batch-get answered {member.name[:80]!r}, which was not asked for")
-                            yield key, fh.read()
-                self.breaker.success()
-            except httpx.TransportError as exc:
-                self._last_refused = _refused(exc)
+            todo = keys[i : i + _BATCH_GET]
+            for attempt in range(attempts):
+                got: set[str] = set()
+                try:
+                    for key, pack in self._batch_get_once(todo):
+                        got.add(key)
+                        yield key, pack
+                    break
+                except _Retryable as exc:
+                    if attempt + 1 >= attempts:
+                        self.breaker.failure()
+                        raise exc.error from exc
+                    todo = [k for k in todo if _canonical(k) not in got]
+                    time.sleep(0.05 * (2**attempt))
+
+    def _batch_get_once(self, keys: list[str]) -> Iterator[tuple[str, bytes]]:
+        if not self.breaker.allow():
+            raise ServiceUnavailable("circuit breaker open")
+        # The service answers canonical keys; a name we did not ask for (another kernel,
+        # "../x") is a broken or hostile server, and its key must never reach a path.
+        wanted = {k for k in map(_canonical, keys) if k}
+        try:
+            with self._http.stream("POST", wire.path(wire.KERNELS_BATCH_GET, namespace=self._ns), json={"keys": keys}) as r:
+                if r.status_code >= 500 and r.status_code not in _ANSWERS:
+                    r.read()
+                    raise _Retryable(ServiceUnavailable(f"batch-get: HTTP {r.status_code}"))
+                if r.status_code >= 400:
+                    r.read()
+                    raise_for_status(r)
+                with tarfile.open(fileobj=io.BufferedReader(_ByteStream(r.iter_raw()), 1 << 20), mode="r|") as tf:
+                    for member in tf:
+                        fh = tf.extractfile(member)
+                        key = wire.batch_member_key(member.name)
+                        if fh is None or key is None:
+                            continue
+                        if key not in wanted:
+                            raise InvalidPack(f"batch-get answered {member.name[:80]!r}, which was not asked for")
+                        yield key, fh.read()
+            self._last_refused = False
+            self.breaker.success()
+        except httpx.TransportError as exc:
+            self._last_refused = _refused(exc)
+            error = ServiceUnavailable(f"batch-get: {type(exc).__name__}: {exc}")
+            if isinstance(exc, httpx.TimeoutException):
                 self.breaker.failure()
-                raise ServiceUnavailable(f"batch-get: {type(exc).__name__}: {exc}") from exc
-            except tarfile.TarError as exc:
-                self.breaker.failure()
-                raise ServiceUnavailable(f"batch-get: malformed stream: {exc}") from exc
+                raise error from exc  # a service that let a whole deadline pass won't answer a retry sooner
+            raise _Retryable(error) from exc
+        except tarfile.TarError as exc:
+            self.breaker.failure()
+            raise ServiceUnavailable(f"batch-get: malformed stream: {exc}") from exc
 
     def batch_urls(self, keys: Iterable[str]) -> BatchUrls:
         """Presigned object-store URLs of the stored packs among ``keys`` (``inline``: found

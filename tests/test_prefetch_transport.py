@@ -1,8 +1,9 @@
-"""A prefetch takes the bytes from the object store when the service hands out presigned URLs
-(issue #31: at fleet scale the API tier answers the index, S3 sends the bytes).
+"""How a prefetch's bytes travel at fleet scale (issue #31): from the object store when the
+service hands out presigned URLs, and a batch-get that loses its connection halfway is retried
+for the packs that did not arrive.
 
-Two real HTTP servers on loopback (``netfaults.FaultServer`` in ``http`` mode): one answers as
-the service does with ``KCACHE_PRESIGNED_DOWNLOADS=true`` (a workload view saying
+Real HTTP servers on loopback (``netfaults.FaultServer`` in ``http`` mode): one answers as the
+service does with ``KCACHE_PRESIGNED_DOWNLOADS=true`` (a workload view saying
 ``X-Kcache-Downloads: presigned``, ``kernels:batch-urls``, a 307 per entry, ``kernels:batch-get``
 for what has no URL), the other as the object store. The client's real prefetch
 (``kcache.workload.pull_workload``) must take each pack from its URL, fall back to one batch-get
@@ -27,7 +28,7 @@ from kcache.local_store import LocalEntryStore
 from kcache.workload import fetch_view, pull_workload
 from kcache_schemas import wire
 
-from kcache_testkit.kernels import Kernel, real_kernels
+from kcache_testkit.kernels import Kernel, large_pack, real_kernels
 from kcache_testkit.netfaults import FaultServer, Request, http_response, tar_stream
 
 NS = "presigned"
@@ -151,3 +152,34 @@ def test_without_the_header_packs_come_through_batch_get(servers: Servers, tmp_p
     assert not servers.asked(servers.service, "POST", wire.path(wire.KERNELS_BATCH_URLS, namespace=NS))
     batch = servers.asked(servers.service, "POST", wire.path(wire.KERNELS_BATCH_GET, namespace=NS))
     assert [json.loads(r.body)["keys"] for r in batch] == [[k.key for k in servers.kernels]]
+
+
+@pytest.mark.parametrize("cut", ["before the answer", "halfway"])
+def test_a_batch_get_that_loses_its_connection_is_retried_for_what_did_not_arrive(kernels: list[Kernel], cut: str) -> None:
+    """A connection dropped before the answer (a keep-alive connection the service closed as it
+    was reused) or halfway (a replica restarting, its object-store read failing mid-stream):
+    before, the whole batch was lost and the node compiled every kernel in it."""
+    # The second pack large (2 MiB of random .cubin): the client reads ahead of what it parsed,
+    # so the cut falls inside it, well after the first pack arrived.
+    by_key = {k.key: (large_pack(k, 2 << 20) if i == 1 else k.pack) for i, k in enumerate(kernels)}
+    asked: list[list[str]] = []
+
+    def serve(req: Request) -> bytes:
+        keys = json.loads(req.body)["keys"]
+        asked.append(keys)
+        index = {"found": keys, "missing": [], "invalid": []}
+        body = tar_stream([(wire.BATCH_INDEX, json.dumps(index).encode())] + [(wire.batch_member(k), by_key[k]) for k in keys])
+        if len(asked) > 1:
+            return http_response(200, body, {"Content-Type": "application/x-tar"})
+        if cut == "before the answer":
+            return b""
+        # The first pack whole, the second begun: the connection closes short of its length.
+        end = body.index(wire.batch_member(keys[1]).encode()) + (1 << 20)
+        return http_response(200, body, {"Content-Type": "application/x-tar"})[:end]
+
+    with FaultServer("http", handler=serve) as server:
+        client = KcacheClient(ClientConfig(url=server.url, namespace=NS))
+        got = dict(client.batch_get(list(by_key)))
+    assert got == by_key
+    keys = list(by_key)
+    assert asked == [keys, keys if cut == "before the answer" else keys[1:]]
