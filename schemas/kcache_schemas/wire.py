@@ -19,6 +19,8 @@ KERNEL_MANIFEST = f"{KERNEL}/manifest"
 KERNEL_FILE = f"{KERNEL}/files/{{filename}}"
 KERNELS_MISSING = f"{KERNELS}:missing"
 KERNELS_BATCH_GET = f"{KERNELS}:batch-get"
+# Presigned object-store URLs for many packs at once (kcache_schemas.models.BatchUrls).
+KERNELS_BATCH_URLS = f"{KERNELS}:batch-urls"
 ENTRIES = f"{API}/{{namespace}}/entries"
 ENTRY = f"{ENTRIES}/{{layer}}/{{key}}"
 ENTRY_LIST = f"{ENTRIES}/{{layer}}"  # GET ?prefix=&limit=&cursor=: a layer's entries, paginated like KERNELS
@@ -62,6 +64,11 @@ TARGET = "X-Kcache-Target"  # device_type:arch:warp_size of a kernel
 # say so (a wrong token on an open server was accepted silently).
 AUTH_MODE = "X-Kcache-Auth"
 AUTH_OPEN = "open"
+# On a workload view: how this service hands out stored bytes. ``presigned``: kernel packs through
+# kernels:batch-urls and entry GETs answer with object-store URLs (307), so a prefetch asks for
+# URLs instead of bytes. Absent: the bytes come through the service.
+DOWNLOADS = "X-Kcache-Downloads"
+DOWNLOADS_PRESIGNED = "presigned"
 
 
 # ---- cache layers ------------------------------------------------------------------------------

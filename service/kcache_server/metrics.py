@@ -7,7 +7,8 @@
   (:mod:`kcache_server.bodies`); not an error of the service, and never a ``5xx``.
 * ``kcache_lookups_total{layer,result}``: cache lookups, ``result`` ``hit`` or ``miss``. A kernel
   ``GET``/``HEAD`` that finds the pack is a hit, a 404 a miss; each key of a ``kernels:batch-get``
-  counts once (found or missing, as the route counted them: ``record_batch_lookups``); entry
+  counts once (found or missing, as the route counted them: ``record_batch_lookups``; a
+  ``kernels:batch-urls`` counts the keys it signed a URL for and the missing ones); entry
   ``GET``/``HEAD`` count under their layer. Manifest/file views (the dashboard) are not lookups.
 * ``kcache_bytes_received_total{layer}``, ``kcache_bytes_sent_total{layer}``: body bytes; ``layer``
   is ``kernel``, an entry layer, or ``api`` for everything else.
@@ -269,7 +270,7 @@ class MetricsMiddleware:
                 m.lookups.labels(layer, "hit").inc()
             elif status == 404:
                 m.lookups.labels(layer, "miss").inc()
-        elif template == wire.KERNELS_BATCH_GET and status == 200:
+        elif template in (wire.KERNELS_BATCH_GET, wire.KERNELS_BATCH_URLS) and status == 200:
             counts = scope.get("state", {}).get(BATCH_LOOKUPS)
             if counts is not None:
                 found, missing = counts

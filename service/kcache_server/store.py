@@ -43,6 +43,7 @@ from kcache_schemas import (
     QuarantineInfo,
     normalize_kernel_key,
 )
+from kcache_schemas.models import BatchUrls
 from kcache_schemas.pack import pack_work_bytes, read_pack_file, verify_pack
 from kcache_schemas.retention import Amount
 from kcache_schemas.units import format_bytes
@@ -492,6 +493,27 @@ class CacheStore:
             self.access.record(namespace, KERNEL, [key])
         return url
 
+    def kernel_download_urls(self, namespace: str, keys: list[str], expires_s: int | None) -> BatchUrls:
+        """Presigned URLs of many packs, one index read for all (``expires_s`` None: presigned
+        downloads are off, and every found key is ``inline``: to be fetched through batch-get)."""
+        valid, invalid = split_kernel_keys(keys)
+        unique = list(dict.fromkeys(valid))
+        records = self.index.get_many(namespace, KERNEL, unique)
+        urls: dict[str, str] = {}
+        inline: list[str] = []
+        for key in unique:
+            if key not in records:
+                continue
+            url = self.blobs.presigned_get_url(records[key].digest, expires_s) if expires_s is not None else None
+            if url is None:
+                inline.append(key)
+            else:
+                urls[key] = url
+        if urls:  # the inline ones are recorded when batch-get serves them
+            self.access.record(namespace, KERNEL, list(urls))
+        missing = [k for k in unique if k not in records]
+        return BatchUrls(urls=urls, inline=inline, missing=missing, invalid=invalid, expires_s=expires_s if urls and expires_s else 0)
+
     def missing_kernels(self, namespace: str, keys: list[str]) -> tuple[list[str], list[str]]:
         """``(missing, invalid)`` of the given keys (valid ones normalised)."""
         valid, invalid = split_kernel_keys(keys)
@@ -636,6 +658,15 @@ class CacheStore:
         data = self._read_blob(record)
         self.access.record(namespace, record.kind, [key])
         return EntryInfo.model_validate_json(record.meta), data
+
+    def entry_download_url(self, namespace: str, layer: str, key: str, expires_s: int) -> tuple[EntryInfo, str | None]:
+        """An entry's metadata and a presigned URL of its bytes where the blob store makes them
+        (S3), else None (quarantined and missing entries raise as :meth:`open_entry` does)."""
+        record = self._entry_record(namespace, layer, key)
+        url = self.blobs.presigned_get_url(record.digest, expires_s)
+        if url is not None:
+            self.access.record(namespace, record.kind, [key])
+        return EntryInfo.model_validate_json(record.meta), url
 
     def open_entry(self, namespace: str, layer: str, key: str) -> tuple[EntryInfo, BlobStream]:
         """:meth:`entry_bytes`, streamed (the caller closes the stream)."""
