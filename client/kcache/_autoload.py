@@ -5,7 +5,9 @@ after one dict lookup. With it set, it adds an import hook that installs kcache 
 ``torch._inductor.triton_bundler`` is first imported (i.e. when Inductor is used), so scripts
 that never compile pay nothing more and no torch import is triggered early; and one that starts
 kcache's runtime with only its extension JIT hooks right after ``torch.utils.cpp_extension`` is
-imported (jobs that build torch extensions without Inductor; no Inductor module is imported).
+imported (jobs that build torch extensions without Inductor; no Inductor module is imported);
+and one that serves vLLM's compile cache right after ``vllm.compilation.decorators`` is imported
+(vLLM looks its compiled model up before it may have imported Inductor; see docs/vllm.md).
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ TRIGGER = "torch._inductor.triton_bundler"
 TRITON_COMPILER = "triton.compiler.compiler"  # where Triton computes its cache keys
 # torch's extension JIT (load/load_inline): jobs that build extensions without Inductor.
 EXTENSIONS = "torch.utils.cpp_extension"
+# vLLM's compile decorators: its compile-cache lookup may come before Inductor is imported.
+VLLM_DECORATORS = "vllm.compilation.decorators"
 
 
 class _Trigger:  # a meta path finder (the protocol, not the importlib.abc base class: see above)
@@ -89,6 +93,12 @@ def _activate_extensions(cpp_extension: ModuleType) -> None:
     activate_extensions(cpp_extension)
 
 
+def _activate_vllm(decorators: ModuleType) -> None:
+    from kcache.activation import activate_vllm
+
+    activate_vllm(decorators)
+
+
 def _record_kernel_keys(compiler: ModuleType) -> None:
     # Cheap (no pydantic, no network): remembers each kernel key's parts for `kcache explain`.
     from kcache import kernel_key_parts
@@ -137,6 +147,8 @@ def _main() -> None:
         _start_prefetch()
     if EXTENSIONS not in sys.modules:
         sys.meta_path.insert(0, _Trigger(EXTENSIONS, _activate_extensions))
+    if VLLM_DECORATORS not in sys.modules:
+        sys.meta_path.insert(0, _Trigger(VLLM_DECORATORS, _activate_vllm))
     if TRIGGER in sys.modules:
         from kcache.activation import autoactivate
 

@@ -78,6 +78,7 @@ def _activate(config: ClientConfig, overrides: dict[str, Any]) -> bool:
             if JIT_LAYER in selected_layers(config.layers):
                 inductor_cpp.install()
         _serve_torch_extensions(config)
+        _serve_vllm(config)
         with guard("could not hook Inductor's FX-graph lookup"):
             from kcache import key_components
 
@@ -105,6 +106,26 @@ def _serve_torch_extensions(config: ClientConfig, module: ModuleType | None = No
             torch_extensions.install(module)
 
 
+def _serve_vllm(config: ClientConfig) -> None:
+    with guard("could not serve vLLM's compile cache"):
+        from kcache import vllm_cache
+
+        if vllm_cache.LAYER in selected_layers(config.layers):
+            vllm_cache.install()
+
+
+def activate_vllm(_decorators: ModuleType) -> bool:
+    """What a vLLM process needs before its first compile-cache lookup (the ``.pth`` calls it
+    right after ``vllm.compilation.decorators``'s code ran, which may precede Inductor's import):
+    the runtime and the vllm layer; the rest activates with Inductor as always."""
+    config = ClientConfig.from_env()
+    if not config.enabled:
+        return False
+    ensure_runtime(config)
+    _serve_vllm(config)
+    return True
+
+
 def activate_extensions(cpp_extension: ModuleType) -> bool:
     """What a process that builds torch extensions but may never use Inductor needs (the
     ``.pth`` calls it right after ``torch.utils.cpp_extension``'s code ran): the runtime and the
@@ -130,6 +151,10 @@ def deactivate() -> None:
         from kcache import inductor_cpp
 
         inductor_cpp.uninstall()
+    if "kcache.vllm_cache" in sys.modules:
+        from kcache import vllm_cache
+
+        vllm_cache.uninstall()  # lets uploads in flight finish, then unhooks
     if "kcache.torch_extensions" in sys.modules:
         from kcache import torch_extensions
 
