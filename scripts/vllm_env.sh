@@ -4,7 +4,8 @@
 # real engines against a real kcache service). Called by scripts/test.sh:
 #
 #   scripts/vllm_env.sh build          make the virtualenv if it is missing or holds another vLLM
-#   scripts/vllm_env.sh run [ARGS]     run the tests marked `vllm` in it; ARGS go to pytest
+#   scripts/vllm_env.sh run [ARGS]     run the tests marked `vllm` in it; ARGS go to pytest, and an
+#                                      `-m EXPR` among them narrows the marker: vllm and (EXPR)
 #   scripts/vllm_env.sh python [ARGS]  its python (e.g. bench/vllm_cpu.py)
 #
 # Cached outside the checkout (CI clones afresh every run) in
@@ -43,9 +44,18 @@ build() {
 
 run() {
   [ -x "$venv/bin/python" ] || { echo "vllm env: $venv is not built (scripts/vllm_env.sh build)" >&2; return 1; }
-  local rc=0
-  KCACHE_VLLM_VENV="$venv" "$venv/bin/python" -m pytest -p no:cacheprovider --durations=15 -m vllm "$@" || rc=$?
-  [ "$rc" = 0 ] || [ "$rc" = 5 ] || return "$rc"  # 5: nothing selected by the caller's -k
+  # `-m EXPR` from the caller narrows the marker instead of replacing it (as in torch_matrix.sh).
+  local marker="vllm" args=() rc=0
+  while [ $# -gt 0 ]; do
+    case "$1" in
+      -m) marker="vllm and ($2)"; shift 2 ;;
+      -m*) marker="vllm and (${1#-m})"; shift ;;
+      *) args+=("$1"); shift ;;
+    esac
+  done
+  # One engine at a time (-n 0): each already uses every core.
+  "$venv/bin/python" -m pytest -p no:cacheprovider --durations=15 -n 0 -m "$marker" ${args[@]+"${args[@]}"} || rc=$?
+  [ "$rc" = 0 ] || [ "$rc" = 5 ] || return "$rc"  # 5: nothing selected by the caller's -m/-k
 }
 
 case "${1:-}" in

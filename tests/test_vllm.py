@@ -6,8 +6,8 @@ on its own node (own ``HOME``, ``TMPDIR`` and ``VLLM_CACHE_ROOT``), kcache only 
 ``KCACHE_URL``, against a real kcache service. vLLM runs its real compile path (the GPU path: AOT
 compile, piecewise Inductor) through the test-support plugin ``kcache_testkit/vllm_plugin``.
 
-Node A compiles cold and uploads its compiled model; node B, fresh, in vLLM's default
-multiprocess layout (the engine core is a child process), loads it from kcache: vLLM's own log
+Node A compiles cold and uploads its compiled model; node B, fresh, loads it from kcache (both in
+vLLM's default multiprocess layout: the compile runs in a worker process): vLLM's own log
 says "Directly load AOT compilation from path <B's cache root>", and B's tokens are A's. An entry
 that does not verify is refused unread, one vLLM cannot load is quarantined: vLLM compiles and
 the tokens are the same. A dead service costs nothing. A must-hit job names the part of vLLM's
@@ -39,7 +39,10 @@ from kcache_testkit.vllm_nodes import EngineRun, make_model, run_engine  # noqa:
 
 pytestmark = [pytest.mark.slow, pytest.mark.torch, pytest.mark.vllm]
 WORKLOAD = "vllm-tiny-llama"
-SINGLE = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}  # one process: a faster engine start
+# One process: a faster engine start, for the node that shares nothing with the fleet. vLLM hashes
+# the process layout into its key, so the nodes that share entries all run its default layout
+# (the engine core and the worker in child processes: the compile runs in the worker).
+SINGLE = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 
 
 @dataclass
@@ -66,7 +69,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     model = make_model(root / "models" / "tiny-llama")  # one path on every node, as in an image
     with LiveService(root / "service") as service:
         env = {"KCACHE_URL": service.url, "KCACHE_WORKLOAD": WORKLOAD, "KCACHE_SIGNING_KEY": "fleet-secret"}
-        yield Fleet(root, service, model, env, run_engine(Node(root / "a"), model, **env, **SINGLE))
+        yield Fleet(root, service, model, env, run_engine(Node(root / "a"), model, **env))
 
 
 def _kcache_lines(run: EngineRun) -> list[str]:
@@ -76,7 +79,6 @@ def _kcache_lines(run: EngineRun) -> list[str]:
 def test_node_a_compiles_and_uploads_its_compiled_model(fleet: Fleet) -> None:
     a = fleet.a
     assert a.lines(SAVED) and not a.lines(LOADED), a.log[-3000:]
-    assert a.counters["num_aot_compiles"] == 1 and a.counters["num_aot_artifacts_saved"] == 1, a.counters
     layer = a.layer("vllm")
     assert layer["misses"] == 1 and layer["puts"] == 1 and layer["put_errors"] == 0, layer
     assert not _kcache_lines(a), _kcache_lines(a)
@@ -87,7 +89,7 @@ def test_node_a_compiles_and_uploads_its_compiled_model(fleet: Fleet) -> None:
 
 
 def test_node_b_loads_the_compiled_model_from_kcache(fleet: Fleet) -> None:
-    """vLLM's default layout: the engine core runs in a child process that kcache must serve."""
+    """In vLLM's default layout the compile runs in a worker process, a grandchild of the job."""
     node = Node(fleet.root / "b")
     b = run_engine(node, fleet.model, **fleet.env)
     [loaded] = b.lines(LOADED)
@@ -121,7 +123,7 @@ def _hostile_namespace(fleet: Fleet, namespace: str) -> Node:
 
 def test_a_damaged_or_unloadable_entry_is_refused_and_vllm_compiles(fleet: Fleet) -> None:
     node = _hostile_namespace(fleet, "hostile")
-    c = run_engine(node, fleet.model, KCACHE_URL=fleet.service.url, KCACHE_NAMESPACE="hostile", **SINGLE)
+    c = run_engine(node, fleet.model, KCACHE_URL=fleet.service.url, KCACHE_NAMESPACE="hostile")
     assert c.tokens == fleet.a.tokens
     assert c.lines(LOAD_FAILED) and c.lines(SAVED), c.log[-3000:]  # vLLM refused kcache's model, then compiled
     layer = c.layer("vllm")
@@ -141,7 +143,7 @@ def test_a_dead_service_costs_nothing(fleet: Fleet) -> None:
 def test_must_hit_names_the_part_of_vllms_key_that_differs(fleet: Fleet) -> None:
     """Another ``max_model_len`` is another vLLM hash: KCACHE_REQUIRE_HIT=fail stops the engine
     before it compiles, naming the differing config field against the entry node A stored."""
-    e = run_engine(Node(fleet.root / "must-hit"), fleet.model, expect_failure=True, **fleet.env, **SINGLE,
+    e = run_engine(Node(fleet.root / "must-hit"), fleet.model, expect_failure=True, **fleet.env,
                    KCACHE_REQUIRE_HIT="fail", KCACHE_TESTKIT_VLLM_MAX_MODEL_LEN="96")
     [line] = [ln for ln in e.log.splitlines() if "RequiredHitMissed" in ln and "KCACHE_REQUIRE_HIT=fail" in ln][:1]
     assert "vLLM must compile" in line and "config.ModelConfig.max_model_len: 128 -> 96" in line, line

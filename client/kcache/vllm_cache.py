@@ -220,10 +220,10 @@ def _lookup(model: Any, path: str) -> KeyComponents | None:
     with _lock:
         if path in _installed:
             return None  # installed already by this process (a second model class of one hash)
-    data = rt.get_entry(LAYER, key, validate=functools.partial(_check, entry))
+    verified: list[trees.Tree] = []  # the tree the check decoded: verified once, not twice
+    data = rt.get_entry(LAYER, key, validate=lambda payload: verified.append(_check(entry, payload)))
     if data is not None:
-        tree = trees.decode(data)
-        size, mtime = install_tree(entry, tree)
+        size, mtime = install_tree(entry, verified[-1] if verified else _check(entry, data))
         with _lock:
             _installed[path] = (key, size, mtime)
         return None
@@ -234,8 +234,8 @@ def _lookup(model: Any, path: str) -> KeyComponents | None:
     return missed
 
 
-def _check(entry: AotEntry, data: bytes) -> None:
-    """Refuse (ValueError) a payload that is not a verified tree of this rank's model."""
+def _check(entry: AotEntry, data: bytes) -> trees.Tree:
+    """The payload's tree, verified; ValueError for one that is not a tree of this rank's model."""
     tree = trees.decode(data)
     if tree.kind != TREE_KIND:
         raise trees.TreeError(f"an entry of another kind than {TREE_KIND!r}")
@@ -244,6 +244,7 @@ def _check(entry: AotEntry, data: bytes) -> None:
     for path in tree.files:
         if not (path.startswith(f"{entry.rank}/") or path.startswith(f"{INDUCTOR_DIR}/")):
             raise trees.TreeError(f"{path[:120]!r} lies outside {entry.rank}/ and {INDUCTOR_DIR}/")
+    return tree
 
 
 def _loaded(model: Any, path: str, result: Any) -> None:
