@@ -36,9 +36,10 @@ MODES: dict[str, Mode] = {
 }
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
-# Every layer KCACHE_LAYERS may name: Inductor's remote caches and Dynamo's precompile packages
-# (kcache.remote_cache serves them; tests/test_settings.py keeps the two lists equal).
-SELECTABLE_LAYERS = ("fx-graph", "autotune", "bundled-autotune", "aot-autograd", "dynamo-pgo", "dynamo", "jit")
+# Every layer KCACHE_LAYERS may name: Inductor's remote caches, Dynamo's precompile packages, JIT
+# builders' modules and vLLM's compile cache (kcache.remote_cache lists them; tests/test_settings.py
+# keeps the two lists equal).
+SELECTABLE_LAYERS = ("fx-graph", "autotune", "bundled-autotune", "aot-autograd", "dynamo-pgo", "dynamo", "jit", "vllm")
 DEFAULT_LOCAL_MAX_BYTES = 10 << 30  # as sccache's default: a few max-autotune models fit
 T = TypeVar("T")
 

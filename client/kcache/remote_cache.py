@@ -60,7 +60,8 @@ PREDICATES = {
 }
 PATCHES = "remote-caches"
 # KCACHE_LAYERS names these layers, Dynamo's precompile packages (kcache.dynamo_cache: torch has
-# no remote-cache class for them) and JIT builders' native modules (kcache.jit_layer):
+# no remote-cache class for them), JIT builders' native modules (kcache.jit_layer) and vLLM's
+# compile cache (kcache.vllm_cache):
 # kcache.config.SELECTABLE_LAYERS, parsed there.
 _served: set[str] = set()  # layers installed now (a predicate module may load later)
 

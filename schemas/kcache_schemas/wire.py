@@ -86,6 +86,9 @@ class CacheLayer(str, enum.Enum):
     # Native modules other JIT builders compile (Inductor's C++ kernels, ...): a container of
     # files (kcache_schemas.jit) under a content key, one adapter per builder (kcache.jit_layer).
     JIT = "jit"
+    # vLLM's compile cache: one entry per compiled model and rank (the AOT ``model`` file with
+    # the Inductor cache vLLM points at), a verified tree (kcache_schemas.tree; kcache.vllm_cache).
+    VLLM = "vllm"
     # The named parts of a key this layer's producer computed (kcache_schemas.explain): what
     # `kcache explain` diffs a missed key against. Never looked up by a compile.
     KEY_COMPONENTS = "key-components"
