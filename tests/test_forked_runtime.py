@@ -17,7 +17,7 @@ from kcache_testkit.service import clean_env, with_testkit
 pytest_plugins = ["live"]
 pytestmark = pytest.mark.slow
 
-JOB = textwrap.dedent('''
+FORK_SCRIPT = textwrap.dedent('''
     import multiprocessing, os, sys
     from kcache.config import ClientConfig
     from kcache.current import ensure_runtime, get_runtime
@@ -46,7 +46,7 @@ JOB = textwrap.dedent('''
 
 def test_a_forked_child_runs_its_own_runtime_and_hands_over_at_exit(live_service, tmp_path: Path) -> None:
     job = tmp_path / "job.py"
-    job.write_text(JOB)
+    job.write_text(FORK_SCRIPT)
     proc = subprocess.run([sys.executable, str(job), live_service.url], env=with_testkit(clean_env(HOME=str(tmp_path))),
                           capture_output=True, text=True, timeout=120)
     assert "EXIT 0 0" in proc.stdout, proc.stdout + proc.stderr

@@ -485,6 +485,11 @@ class CacheStore:
             raise NotFound(f"file {filename} of kernel {key}")
         return data
 
+    @property
+    def presigns(self) -> bool:
+        """The blob store can hand out presigned download URLs (an object store's)."""
+        return bool(self.blobs.presigns)
+
     def kernel_download_url(self, namespace: str, key: str, expires_s: int) -> str | None:
         """A presigned URL of the kernel's pack where the blob store makes them (S3), else None."""
         record = self._kernel_record(namespace, key)

@@ -135,7 +135,7 @@ def batch_urls(request: Request, body: BatchGetRequest, namespace: Namespace, st
                _: CanRead) -> BatchUrls:
     """One index read and a signature per found key: the packs then flow from the object store,
     not through this service (a prefetch asks for these when a workload view says
-    ``X-Kcache-Downloads: presigned``). Found keys the service signs no URL for (presigned
+    ``wire.DOWNLOADS``: ``presigned``). Found keys the service signs no URL for (presigned
     downloads off, a file blob store) are listed in ``inline``: fetch them through batch-get."""
     answer = store.kernel_download_urls(namespace, body.keys, settings.presign_expires_s if settings.presigned_downloads else None)
     record_batch_lookups(request, len(answer.urls), len(answer.missing))  # inline ones: counted by their batch-get
