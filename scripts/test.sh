@@ -3,11 +3,12 @@
 # dependencies (torch CPU build where the machine carries it, else the registry's; triton,
 # SeaweedFS's `weed`, pytest-xdist, Playwright + Debian chromium for the dashboard test), makes
 # sure Redis answers on 127.0.0.1:6379, then runs ruff, mypy and pytest (every core), then the
-# tests marked `torch` on the oldest and newest supported torch (scripts/torch_matrix.sh), whose
-# virtualenvs download in the background while the main suite runs.
+# tests marked `torch` on the oldest and newest supported torch (scripts/torch_matrix.sh), then the
+# tests marked `vllm` against the real vLLM engine (scripts/vllm_env.sh); their virtualenvs
+# download in the background while the main suite runs.
 #
 #   bash scripts/test.sh            the whole suite: what CI runs
-#   bash scripts/test.sh --quick    the quick loop: no `slow` tests, no torch matrix
+#   bash scripts/test.sh --quick    the quick loop: no `slow` tests, no torch matrix, no vLLM
 #
 # Other arguments go to pytest, in the main suite and the matrix (e.g. `-k emitter`, `-n 0`).
 set -euo pipefail
@@ -26,7 +27,7 @@ python -m pip install -q -e '.[dev]'
 if [ "${1:-}" = "--quick" ]; then
   shift
   set -- -m "not slow" "$@"
-  export KCACHE_TORCH_MATRIX=""
+  export KCACHE_TORCH_MATRIX="" KCACHE_VLLM_VERSION=""
 fi
 # The matrix virtualenvs are several GB from the registry: build them while the main suite runs.
 matrix_log="${TMPDIR:-/tmp}/kcache-torch-matrix-build.$$.log"
@@ -34,8 +35,14 @@ matrix_pid=""
 if [ -n "${KCACHE_TORCH_MATRIX-2.9.1 2.15.0}" ]; then
   bash scripts/torch_matrix.sh build >"$matrix_log" 2>&1 &
   matrix_pid=$!
-  trap '[ -z "$matrix_pid" ] || kill "$matrix_pid" 2>/dev/null || true' EXIT
 fi
+vllm_log="${TMPDIR:-/tmp}/kcache-vllm-env-build.$$.log"
+vllm_pid=""
+if [ -n "${KCACHE_VLLM_VERSION-0.32.0}" ]; then
+  bash scripts/vllm_env.sh build >"$vllm_log" 2>&1 &
+  vllm_pid=$!
+fi
+trap 'for p in $matrix_pid $vllm_pid; do kill "$p" 2>/dev/null || true; done' EXIT
 
 # System packages: chromium for the dashboard's browser test, redis-server for the index tests.
 need=()
@@ -68,4 +75,15 @@ if [ -n "$matrix_pid" ]; then
   rm -f "$matrix_log"
   [ "$build_rc" = 0 ] || { echo "scripts/test.sh: the torch matrix did not build" >&2; exit "$build_rc"; }
   bash scripts/torch_matrix.sh run "$@"
+fi
+# The real vLLM engine against a real kcache service (tests/test_vllm.py); KCACHE_VLLM_VERSION=""
+# skips it.
+if [ -n "$vllm_pid" ]; then
+  build_rc=0
+  wait "$vllm_pid" || build_rc=$?
+  vllm_pid=""
+  grep -v "^WARNING: Location" "$vllm_log" || true
+  rm -f "$vllm_log"
+  [ "$build_rc" = 0 ] || { echo "scripts/test.sh: the vLLM environment did not build" >&2; exit "$build_rc"; }
+  bash scripts/vllm_env.sh run "$@"
 fi

@@ -576,7 +576,7 @@ def test_bash_completion_offers_commands_options_and_layers(capsys: pytest.Captu
     assert rc == 0 and "complete -o default -F _kcache kcache" in script
     (tmp_path / "kcache.bash").write_text(script)
     cases = {
-        "kcache pu": "pull push",
+        "kcache pu": "pull purge push",
         "kcache local ": "ls rm",
         "kcache local rm --la": "--layer",
         "kcache ls --url http://x --en": "--entries",  # an option's value is no command

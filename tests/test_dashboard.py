@@ -224,6 +224,15 @@ def test_dashboard_in_chromium(tmp_path: Path, real_kernel_dirs: list[Path]) -> 
         for key, pack in packs.items():
             assert httpx.put(f"{svc.url}/v1/default/kernels/{key}", content=pack, headers=write).status_code == 201
         keys = sorted(packs)
+        # A key a node's canary found unsound (kcache.canary): listed with what differed and the suspects.
+        from kcache_schemas.canary import UnsoundReport
+        from kcache_schemas.explain import Change, KeyComponents
+
+        recorded = KeyComponents(layer="kernel", key=keys[0])
+        unsound = UnsoundReport(layer="kernel", key=keys[0], compared="kernel files", served_digest="a" * 64, own_digest="b" * 64,
+                                output_diff=["--- served/scale.ttgir", "+++ own/scale.ttgir"], producer=recorded, consumer=recorded,
+                                suspects=[Change(name="options[num_warps]", stored="4", wanted="8")])
+        assert httpx.put(f"{svc.url}/v1/default/unsound/kernel/{keys[0]}", content=unsound.model_dump_json(), headers=write).status_code == 201
         for _ in range(2):
             assert httpx.get(f"{svc.url}/v1/default/kernels/{keys[0]}", headers=read).status_code == 200
         now = time.time()
@@ -288,6 +297,9 @@ def test_dashboard_in_chromium(tmp_path: Path, real_kernel_dirs: list[Path]) -> 
                 assert phases.nth(1).inner_text().split("\t") == ["kernel compiles (Triton, C++)", "0.50"]
                 expect(page.locator("#run-verification")).to_contain_text("fx-graph: prefetched, never asked for")
                 expect(page.locator("#run-missed")).to_contain_text("kcache explain --run ci-2")
+                unsound_rows = page.locator("#unsound-table tbody tr.unsound-row")
+                expect(unsound_rows).to_have_count(1)
+                assert "options[num_warps]: 4 \u2192 8" in unsound_rows.inner_text() and "scale.ttgir" in unsound_rows.inner_text()
                 # Storage usage and top kernels.
                 usage = page.locator("#usage-table").inner_text()
                 assert "kernel" in usage and "run" in usage

@@ -32,12 +32,15 @@ USER_KERNEL_JOB = Path(__file__).with_name("triton_user_job.py")
 KERNEL_JOB = Path(__file__).with_name("triton_kernel_job.py")
 
 
-def run_job(node: Node, url: str, workload: str, job: Path = JOB, **env: str) -> tuple[subprocess.CompletedProcess[str], Path]:
-    """One ``torch.compile`` job (tests/host_job.py) on ``node``; its process and stats file."""
+def run_job(node: Node, url: str, workload: str | None, job: Path = JOB, **env: str) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """One ``torch.compile`` job (tests/host_job.py) on ``node``; its process and stats file
+    (``workload`` None: the job sets no ``KCACHE_WORKLOAD``)."""
     stats = node.root / "stats.json"
+    if workload is not None:
+        env = {**env, "KCACHE_WORKLOAD": workload}
     proc = subprocess.run(
         [sys.executable, str(job)], capture_output=True, text=True, cwd=node.root, timeout=HANG_S, stdin=subprocess.DEVNULL,
-        env=node.env(KCACHE_URL=url, KCACHE_WORKLOAD=workload, KCACHE_STATS_FILE=str(stats), HOST_JOB="compile", **env),
+        env=node.env(KCACHE_URL=url, KCACHE_STATS_FILE=str(stats), HOST_JOB="compile", **env),
     )
     return proc, stats
 
@@ -95,6 +98,27 @@ def test_explain_names_a_changed_inductor_config_flag(live_service, tmp_path: Pa
     out = explain(capsys, "--url", url, "fx-graph", key, "--workload", "explain-flag", "--json")
     [found] = json.loads(out)
     assert [(c["name"], c["stored"], c["wanted"]) for c in found["changes"]] == [("inductor_config[fallback_random]", "False", "True")]
+
+
+@pytest.mark.slow
+def test_explain_names_a_changed_inductor_option_for_a_job_that_set_only_kcache_url(
+    live_service, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: "no stored key to compare with: the job ran without KCACHE_WORKLOAD". Now the
+    nearest stored key is found namespace-wide among the recorded keys of the same computation
+    (the graph and its inputs), whatever job or workload stored them."""
+    url = live_service.url
+    first, _ = run_job(Node(tmp_path / "a"), url, None)
+    second, stats = run_job(Node(tmp_path / "b"), url, None, HOST_JOB_INDUCTOR_CONFIG="fallback_random=1")
+    assert result(second) == result(first)
+    doc = load_stats(stats)
+    assert doc.workload is None and [m.layer for m in doc.missed] == ["fx-graph"]
+    out = explain(capsys, "--url", url, "--file", str(stats))
+    assert "inductor_config[fallback_random]: False -> True" in out, out
+    assert "1 part(s) differ" in out, out
+    # The key alone says the same, and a workload that stored nothing only narrows nothing.
+    out = explain(capsys, "--url", url, "--key", doc.missed[0].key, "--workload", "never-published")
+    assert "inductor_config[fallback_random]: False -> True" in out, out
 
 
 def test_explain_names_a_changed_triton_compile_option(live_service, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

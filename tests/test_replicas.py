@@ -7,14 +7,24 @@ atomic put-if-absent is the commit point) - with real compiled Triton kernels.
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import os
+import re
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import pytest
 import servers
+from kcache.config import ClientConfig
+from kcache.http import KcacheClient
+from kcache.local_store import LocalEntryStore
+from kcache.workload import fetch_view, publish, pull_workload
+from kcache_schemas import wire
 from kcache_schemas.pack import (
     MEDIA_TYPE,
     build_pack,
@@ -155,3 +165,77 @@ def test_racing_identical_writes_create_once(fleet: Fleet) -> None:
     assert codes == [200, 200, 201]
     for replica in fleet.replicas:
         assert _get(replica, k.key) == k.pack
+
+
+# ---- presigned prefetch: the bytes come from S3, the API tier answers the index (issue #31) ----
+
+PREFETCH_NS = "replica-prefetch"
+WORKLOAD = "presigned-burst"
+_SENT = re.compile(r'^kcache_bytes_sent_total\{layer="([^"]+)"\} ([0-9.e+]+)$', re.MULTILINE)
+
+
+def _sent(replica: ServerProcess) -> dict[str, float]:
+    return {layer: float(v) for layer, v in _SENT.findall(httpx.get(f"{replica.url}/metrics", timeout=10).text)}
+
+
+@pytest.fixture(scope="module")
+def published(fleet: Fleet) -> bytes:
+    """The fleet's kernels and one FX-graph entry in their own namespace, with a workload naming
+    them (published through a replica without presigned downloads); the entry's bytes."""
+    writer = fleet.replicas[0].url
+    entry = os.urandom(200_000)
+    for k in fleet.kernels:
+        r = httpx.put(f"{writer}/v1/{PREFETCH_NS}/kernels/{k.key}", content=k.pack, headers={"Content-Type": MEDIA_TYPE}, timeout=30)
+        assert r.status_code in (200, 201), r.text
+    r = httpx.put(f"{writer}/v1/{PREFETCH_NS}/entries/fx-graph/e1", content=entry, timeout=30,
+                  headers={"Content-Type": "application/octet-stream", wire.COMPILE_TIME: "7.250"})
+    assert r.status_code in (200, 201), r.text
+    client = KcacheClient(ClientConfig(url=writer, namespace=PREFETCH_NS))
+    publish(client, WORKLOAD, {k.key for k in fleet.kernels}, {("fx-graph", "e1")})
+    client.close()
+    return entry
+
+
+def test_prefetch_through_a_presigned_replica_takes_the_bytes_from_s3(fleet: Fleet, published: bytes, tmp_path: Path) -> None:
+    replica = fleet.presigned
+    before = _sent(replica)
+    client = KcacheClient(ClientConfig(url=replica.url, namespace=PREFETCH_NS))
+    local = LocalEntryStore(tmp_path, PREFETCH_NS, url=replica.url)
+    view = fetch_view(client, WORKLOAD)
+    assert view is not None and client.presigned_downloads
+
+    counts = pull_workload(client, view, local)
+
+    assert (counts["kernels"], counts["entries"], counts["refused"]) == (len(fleet.kernels), 1, 0)
+    for k in fleet.kernels:
+        assert local.get("kernel", k.key) == k.pack
+    assert local.get("fx-graph", "e1") == published
+    after = _sent(replica)
+    pack_bytes = sum(len(k.pack) for k in fleet.kernels)
+    # The replica sent the URL list (JSON) for the packs, a bodiless 307 for the entry.
+    assert after.get("kernel", 0) - before.get("kernel", 0) < pack_bytes / 4
+    assert after.get("fx-graph", 0) - before.get("fx-graph", 0) == 0
+    assert client.get_entry("fx-graph", "e1") == (published, 7.25)  # the compile time rode on the 307
+    client.close()
+
+
+def test_batch_urls_answer_urls_only_where_presigned_downloads_are_on(fleet: Fleet, published: bytes) -> None:
+    k = fleet.kernels[0].key
+    absent = base64.b32encode(hashlib.sha256(b"never stored").digest()).decode().rstrip("=")
+    body = {"keys": [k, absent, "not-a-key"]}
+    path = wire.path(wire.KERNELS_BATCH_URLS, namespace=PREFETCH_NS)
+
+    plain = httpx.post(f"{fleet.replicas[0].url}{path}", json=body, timeout=10)
+    assert plain.status_code == 200, plain.text
+    assert plain.json() == {"urls": {}, "inline": [k], "missing": [absent], "invalid": ["not-a-key"], "expires_s": 0}
+    view = httpx.get(f"{fleet.replicas[0].url}{wire.path(wire.WORKLOAD, namespace=PREFETCH_NS, name=WORKLOAD)}", timeout=10)
+    assert view.status_code == 200 and wire.DOWNLOADS not in view.headers
+
+    signed = httpx.post(f"{fleet.presigned.url}{path}", json=body, timeout=10)
+    assert signed.status_code == 200, signed.text
+    answer = signed.json()
+    assert (answer["inline"], answer["missing"], answer["invalid"], answer["expires_s"]) == ([], [absent], ["not-a-key"], 300)
+    assert list(answer["urls"]) == [k] and answer["urls"][k].startswith(fleet.s3_endpoint + "/")
+    assert httpx.get(answer["urls"][k], timeout=10).content == fleet.kernels[0].pack
+    view = httpx.get(f"{fleet.presigned.url}{wire.path(wire.WORKLOAD, namespace=PREFETCH_NS, name=WORKLOAD)}", timeout=10)
+    assert view.headers[wire.DOWNLOADS] == wire.DOWNLOADS_PRESIGNED

@@ -172,9 +172,9 @@ def test_the_autoload_module_spells_modes_and_switches_as_config_does() -> None:
 @pytest.mark.torch
 def test_layers_kcache_layers_names_are_the_layers_kcache_serves() -> None:
     pytest.importorskip("torch")
-    from kcache import dynamo_cache, jit_layer, remote_cache
+    from kcache import dynamo_cache, jit_layer, remote_cache, vllm_cache
 
-    assert set(config.SELECTABLE_LAYERS) == {*remote_cache.LAYERS, dynamo_cache.LAYER, jit_layer.LAYER}
+    assert set(config.SELECTABLE_LAYERS) == {*remote_cache.LAYERS, dynamo_cache.LAYER, jit_layer.LAYER, vllm_cache.LAYER}
 
 
 # ---- service settings --------------------------------------------------------------------------------

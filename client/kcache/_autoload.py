@@ -6,7 +6,9 @@ after one dict lookup. With it set, it adds an import hook that installs kcache 
 that never compile pay nothing more and no torch import is triggered early; and one that starts
 kcache's runtime with only its extension JIT hooks right after ``torch.utils.cpp_extension`` or
 ``tvm_ffi.cpp.extension`` is imported (jobs that build extensions without Inductor; no Inductor
-module is imported).
+module is imported); and one that serves vLLM's compile cache right after
+``vllm.compilation.decorators`` is imported (vLLM looks its compiled model up before it may have
+imported Inductor; see docs/vllm.md).
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ TRITON_COMPILER = "triton.compiler.compiler"  # where Triton computes its cache 
 # extensions without Inductor.
 EXTENSIONS = "torch.utils.cpp_extension"
 TVM_FFI_EXTENSIONS = "tvm_ffi.cpp.extension"
+# vLLM's compile decorators: its compile-cache lookup may come before Inductor is imported.
+VLLM_DECORATORS = "vllm.compilation.decorators"
 
 
 class _Trigger:  # a meta path finder (the protocol, not the importlib.abc base class: see above)
@@ -92,6 +96,12 @@ def _activate_extensions(extension: ModuleType) -> None:
     activate_extensions(extension)
 
 
+def _activate_vllm(decorators: ModuleType) -> None:
+    from kcache.activation import activate_vllm
+
+    activate_vllm(decorators)
+
+
 def _record_kernel_keys(compiler: ModuleType) -> None:
     # Cheap (no pydantic, no network): remembers each kernel key's parts for `kcache explain`.
     from kcache import kernel_key_parts
@@ -141,6 +151,8 @@ def _main() -> None:
     for extensions in (EXTENSIONS, TVM_FFI_EXTENSIONS):
         if extensions not in sys.modules:
             sys.meta_path.insert(0, _Trigger(extensions, _activate_extensions))
+    if VLLM_DECORATORS not in sys.modules:
+        sys.meta_path.insert(0, _Trigger(VLLM_DECORATORS, _activate_vllm))
     if TRIGGER in sys.modules:
         from kcache.activation import autoactivate
 

@@ -79,6 +79,7 @@ def _activate(config: ClientConfig, overrides: dict[str, Any]) -> bool:
             if JIT_LAYER in selected_layers(config.layers):
                 inductor_cpp.install()
         _serve_torch_extensions(config)
+        _serve_vllm(config)
         with guard("could not hook Inductor's FX-graph lookup"):
             from kcache import key_components
 
@@ -115,6 +116,26 @@ def _serve_tvm_ffi(config: ClientConfig, module: ModuleType | None = None) -> No
             tvm_ffi_jit.install(module)
 
 
+def _serve_vllm(config: ClientConfig) -> None:
+    with guard("could not serve vLLM's compile cache"):
+        from kcache import vllm_cache
+
+        if vllm_cache.LAYER in selected_layers(config.layers):
+            vllm_cache.install()
+
+
+def activate_vllm(_decorators: ModuleType) -> bool:
+    """What a vLLM process needs before its first compile-cache lookup (the ``.pth`` calls it
+    right after ``vllm.compilation.decorators``'s code ran, which may precede Inductor's import):
+    the runtime and the vllm layer; the rest activates with Inductor as always."""
+    config = ClientConfig.from_env()
+    if not config.enabled:
+        return False
+    ensure_runtime(config)
+    _serve_vllm(config)
+    return True
+
+
 def activate_extensions(extension: ModuleType) -> bool:
     """What a process that builds JIT extensions (``torch.utils.cpp_extension`` or
     ``tvm_ffi.cpp.extension``) but may never use Inductor needs (the ``.pth`` calls it right after
@@ -144,6 +165,10 @@ def deactivate() -> None:
         from kcache import inductor_cpp
 
         inductor_cpp.uninstall()
+    if "kcache.vllm_cache" in sys.modules:
+        from kcache import vllm_cache
+
+        vllm_cache.uninstall()  # lets uploads in flight finish, then unhooks
     if "kcache.torch_extensions" in sys.modules:
         from kcache import torch_extensions
 
@@ -153,6 +178,10 @@ def deactivate() -> None:
 
         tvm_ffi_jit.uninstall()
     patching.restore_all()
+    if "kcache.canary" in sys.modules:
+        from kcache import canary
+
+        canary.reset()  # audits under way belong to this installation's runtime
     if os.environ.get("TRITON_CACHE_MANAGER") == TRITON_MANAGER:
         del os.environ["TRITON_CACHE_MANAGER"]
     # Otherwise processes started after uninstall() would still autoload kcache from KCACHE_URL.

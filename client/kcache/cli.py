@@ -25,6 +25,7 @@ from kcache.errors import ConfigError, KcacheError, NotFound, Quarantined, Servi
 
 if TYPE_CHECKING:
     from kcache_schemas.models import EntryInfo, QuarantineInfo
+    from kcache_schemas.purge import PurgeReport
     from kcache_schemas.retention import GcReport
 
     from kcache.http import KcacheClient
@@ -732,9 +733,14 @@ def _explain(args: argparse.Namespace) -> int:
     from kcache.report import fetch_run
     from kcache.stats import load_stats
 
+    if args.key_option:
+        if args.layer or args.key:
+            print("kcache explain: give --key KEY or LAYER KEY, not both", file=sys.stderr)
+            return 1
+        args.layer, args.key = key_layer(args.key_option)
     given = [bool(args.file), bool(args.run), bool(args.layer)]
     if sum(given) != 1 or (args.layer and not args.key):
-        print("kcache explain: give --file STATS, --run ID, or LAYER KEY", file=sys.stderr)
+        print("kcache explain: give --file STATS, --run ID, --key KEY, or LAYER KEY", file=sys.stderr)
         return 1
     client = _client(args)
     if args.layer:
@@ -752,7 +758,9 @@ def _explain(args: argparse.Namespace) -> int:
         explanations = explain_misses(client, doc.missed, workload=doc.workload, environment=doc.environment)
     if args.json:
         print(json.dumps([{"layer": e.layer, "key": e.key, "nearest": e.nearest, "note": e.note,
-                           "changes": [c.model_dump() for c in e.changes]} for e in explanations], indent=1))
+                           "changes": [c.model_dump() for c in e.changes],
+                           "unsound": e.unsound.model_dump(mode="json") if e.unsound is not None else None}
+                          for e in explanations], indent=1))
     else:
         print("\n\n".join(e.render() for e in explanations))
     return 0
@@ -837,6 +845,79 @@ def _doctor(args: argparse.Namespace) -> int:
     c = checkup(args.url, args.token, args.namespace, offline=args.offline)
     print(json.dumps(c.as_json(), indent=2) if args.json else c.render())
     return EXIT_FAILED if c.problems else EXIT_OK
+
+
+def key_layer(key: str) -> tuple[str, str]:
+    """``(layer, key)`` of ``--key``: ``LAYER:KEY`` names its layer; else Triton's kernel keys
+    are 52 upper-case base32 characters (or 64 hex), and anything else is taken for an FX graph
+    (Inductor's ``f...`` key or its stored form ``pt2:fx-graph-v1::...:c1``)."""
+    import re
+
+    from kcache_schemas import wire
+
+    layer, sep, rest = key.partition(":")
+    if sep and rest and (layer in wire.ENTRY_LAYERS or layer == wire.CacheLayer.KERNEL.value):
+        return layer, rest
+    if re.fullmatch(r"[A-Z2-7]{52}|[0-9a-fA-F]{64}", key):
+        from kcache_schemas import normalize_kernel_key
+
+        return wire.CacheLayer.KERNEL.value, normalize_kernel_key(key)
+    return wire.CacheLayer.FX_GRAPH.value, key
+
+
+def _purge(args: argparse.Namespace) -> int:
+    """Scan the recorded key parts on the service and show what matches; delete it with
+    ``--yes`` or a yes at the prompt (as ``kcache gc``)."""
+    from kcache_schemas import wire
+    from kcache_schemas.purge import PurgeReport, PurgeRequest
+    from pydantic import ValidationError
+
+    try:
+        request = PurgeRequest(where=args.where, dry_run=True, max_scan=args.max_scan)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        print(f"kcache purge: --where: {str(first['msg']).removeprefix('Value error, ')}", file=sys.stderr)
+        return EXIT_USAGE
+    client = _client(args, read_timeout_s=args.timeout)
+    path = wire.path(wire.PURGE, namespace=client.config.namespace)
+
+    def run(dry_run: bool) -> PurgeReport:
+        body = request.model_copy(update={"dry_run": dry_run}).model_dump()
+        report = PurgeReport.model_validate(client.post_json(path, body))
+        print(report.model_dump_json(indent=2) if args.json else format_purge_report(report))
+        return report
+
+    if args.yes and not args.dry_run:
+        run(dry_run=False)
+        return EXIT_OK
+    plan = run(dry_run=True)
+    if args.dry_run or plan.matched == 0:
+        return EXIT_OK
+    what = f"{plural(plan.matched, 'entry')} ({_size_text(plan.bytes)}) from namespace {plan.namespace!r}"
+    if not sys.stdin.isatty():
+        print(f"kcache purge: nothing deleted: pass --yes to delete {what} (stdin is not a terminal to ask)", file=sys.stderr)
+        return EXIT_FAILED
+    try:
+        answer = input(f"Delete {what}? This cannot be undone. [y/N] ")
+    except EOFError:
+        answer = ""
+    if answer.strip().lower() not in ("y", "yes"):
+        print("kcache purge: nothing deleted", file=sys.stderr)
+        return EXIT_OK
+    run(dry_run=False)  # the service scans again: what matches now is deleted
+    return EXIT_OK
+
+
+def format_purge_report(r: PurgeReport) -> str:
+    head = f"kcache purge: namespace {r.namespace!r} where {' and '.join(r.where)}{' (dry run: nothing is deleted)' if r.dry_run else ''}"
+    lines = [head, f"  scanned   {plural(r.scanned, 'recorded key')}{' (stopped at --max-scan: more may match)' if r.truncated else ''}",
+             f"  matched   {plural(r.matched, 'entry')} ({_size_text(r.bytes)})"]
+    lines += [f"    {i.layer:14} {i.key[:80]:80} {_size_text(i.size):>10}" for i in r.items]
+    if r.matched > len(r.items):
+        lines.append(f"    … and {r.matched - len(r.items)} more")
+    if not r.dry_run:
+        lines.append(f"  deleted   {plural(r.deleted, 'entry')} with their recorded parts, in {r.seconds:.3f} s")
+    return "\n".join(lines)
 
 
 def _stats(args: argparse.Namespace) -> int:
@@ -939,7 +1020,9 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("key", nargs="?", metavar="KEY", help="the missed key (Inductor's or Triton's, or as kcache stores it)")
     explain.add_argument("--file", help="a stats file or dir (KCACHE_STATS_FILE): explain every miss it recorded")
     explain.add_argument("--run", metavar="ID", help="a run on the service: explain every miss its processes recorded")
-    explain.add_argument("--workload", help="with LAYER KEY: the workload whose stored keys to compare with")
+    explain.add_argument("--key", dest="key_option", metavar="KEY", help="one key (Inductor's, Triton's, or as stored; LAYER:KEY for other layers): "
+                         "what a canary found if it is unsound, else its nearest stored key")
+    explain.add_argument("--workload", help="with a key: the workload whose stored keys to compare with (default: the namespace's keys of the same computation)")
     explain.add_argument("--json", action="store_true", help="machine-readable output")
     explain.set_defaults(func=_explain)
 
@@ -970,6 +1053,18 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--offline", action="store_true", help="check this machine only; do not call the service")
     doctor.add_argument("--json", action="store_true", help="machine-readable output")
     doctor.set_defaults(func=_doctor)
+
+    purge = remote(sub.add_parser("purge", help="delete entries whose recorded key parts match, e.g. after an upstream key bug (admin token): "
+                                  "print what matches, then delete it with --yes or a yes at the prompt"))
+    purge.add_argument("--where", action="append", required=True, metavar="NAME=VALUE",
+                       help="a condition, repeatable (all must match): a key part as kcache explain names it ('inductor_config[max_autotune]=True', "
+                            "'options[num_warps]=8'), torch=, triton=, cuda=, gpu_arch= (the environment it was compiled in), run=ID, producer_key=KEYID")
+    purge.add_argument("--max-scan", type=int, default=100_000, metavar="N", help="read at most N recorded keys (default 100000)")
+    purge.add_argument("--dry-run", action="store_true", help="print what matches only")
+    purge.add_argument("-y", "--yes", action="store_true", help="delete without asking (without it: the plan, then a prompt on a terminal; elsewhere nothing is deleted, exit 1)")
+    purge.add_argument("--json", action="store_true", help="the report as JSON")
+    purge.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for the service to finish (default 900)")
+    purge.set_defaults(func=_purge)
 
     stats = remote(sub.add_parser("stats", help="cache-hit statistics: this machine's, a stats file's or a run's; gate CI with --fail-under"))
     stats.add_argument("--file", help="stats file or dir written via KCACHE_STATS_FILE (default: $KCACHE_STATS_FILE, else $KCACHE_RUN_ID's run, else this machine's: every process since --zero)")

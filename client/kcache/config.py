@@ -36,9 +36,10 @@ MODES: dict[str, Mode] = {
 }
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
-# Every layer KCACHE_LAYERS may name: Inductor's remote caches and Dynamo's precompile packages
-# (kcache.remote_cache serves them; tests/test_settings.py keeps the two lists equal).
-SELECTABLE_LAYERS = ("fx-graph", "autotune", "bundled-autotune", "aot-autograd", "dynamo-pgo", "dynamo", "jit")
+# Every layer KCACHE_LAYERS may name: Inductor's remote caches, Dynamo's precompile packages, JIT
+# builders' modules and vLLM's compile cache (kcache.remote_cache lists them; tests/test_settings.py
+# keeps the two lists equal).
+SELECTABLE_LAYERS = ("fx-graph", "autotune", "bundled-autotune", "aot-autograd", "dynamo-pgo", "dynamo", "jit", "vllm")
 DEFAULT_LOCAL_MAX_BYTES = 10 << 30  # as sccache's default: a few max-autotune models fit
 T = TypeVar("T")
 
@@ -91,6 +92,13 @@ def selected_layers(raw: str | None) -> list[str]:
 def parse_bytes(raw: str) -> int:
     """``1073741824``, ``512M``, ``10G``, ``10GB``, ``1.5GiB`` -> bytes: :mod:`kcache_schemas.units`."""
     from kcache_schemas.units import parse_bytes as parse
+
+    return parse(raw)
+
+
+def parse_fraction(raw: str) -> float:
+    """``0.01``, ``1%``: a share from 0 to 1, :mod:`kcache_schemas.units`."""
+    from kcache_schemas.units import parse_fraction as parse
 
     return parse(raw)
 
@@ -186,6 +194,7 @@ _VARIABLES: dict[str, tuple[str, Callable[[str], Any]]] = {
     "local_dir": ("KCACHE_LOCAL_DIR", _text),
     "local_max_bytes": ("KCACHE_LOCAL_MAX_BYTES", parse_bytes),
     "require_hit": ("KCACHE_REQUIRE_HIT", parse_require_hit),
+    "canary": ("KCACHE_CANARY", parse_fraction),
 }
 
 
@@ -220,6 +229,9 @@ class ClientConfig:
     local_dir: str | None = None
     local_max_bytes: int = DEFAULT_LOCAL_MAX_BYTES  # 0: unbounded
     require_hit: Literal["warn", "fail"] | None = None  # see kcache.require_hit
+    # The share of FX-graph and kernel hits this process compiles anyway and compares with the
+    # entry (kcache.canary): 0 (off) by default, so a hit costs nothing extra.
+    canary: float = 0.0
 
     def local_root(self) -> Path:
         return Path(self.local_dir) if self.local_dir else default_local_dir()

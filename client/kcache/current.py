@@ -10,6 +10,8 @@ last one at interpreter exit.
 from __future__ import annotations
 
 import atexit
+import os
+import sys
 import threading
 
 from kcache.config import ClientConfig
@@ -17,6 +19,8 @@ from kcache.runtime import Runtime
 
 _runtime: Runtime | None = None
 _lock = threading.Lock()
+# A forked child's runtime-to-be: the config of the one its parent ran (see _after_fork_in_child).
+_forked_config: ClientConfig | None = None
 
 
 def _report(rt: Runtime) -> None:
@@ -26,28 +30,58 @@ def _report(rt: Runtime) -> None:
 
 
 def get_runtime() -> Runtime | None:
+    if _runtime is None and _forked_config is not None:
+        return ensure_runtime(_forked_config)
     return _runtime
+
+
+def _after_fork_in_child() -> None:
+    """A forked child (vLLM's engine core and workers where CUDA is not initialised yet, DataLoader
+    workers) inherits its parent's runtime object but none of its threads (the uploader, the
+    prefetcher: a wait for a prefetch would last ``KCACHE_PREFETCH_WAIT_S``), and would share the
+    parent's HTTP connections. The child starts its own runtime, with the same config, at its
+    first use; the parent's uploads, stats and workload stay the parent's."""
+    global _runtime, _lock, _forked_config
+    _lock = threading.Lock()  # another thread of the parent may have held it at the fork
+    if _runtime is not None:
+        _forked_config, _runtime = _runtime.config, None
 
 
 def ensure_runtime(config: ClientConfig) -> Runtime:
     """The running runtime if it has this config (e.g. started early by the workload
     prefetcher), else a new one that replaces it. Atomic, so concurrent starters share one."""
-    global _runtime
+    global _runtime, _forked_config
     with _lock:
+        forked, _forked_config = _forked_config is not None, None
         if _runtime is not None and _runtime.config == config:
             return _runtime
         if _runtime is not None:
             _runtime.close()
         _runtime = Runtime(config, on_close=_report)
+        if forked:
+            _close_with_multiprocessing()
         return _runtime
 
 
+def _close_with_multiprocessing() -> None:
+    """A process multiprocessing forked ends with ``os._exit``: no atexit. Its exit function runs
+    multiprocessing's finalizers, so the child's runtime is closed there (uploads flushed, stats
+    written, workload published)."""
+    util = sys.modules.get("multiprocessing.util")
+    finalize = getattr(util, "Finalize", None)
+    if callable(finalize):
+        finalize(None, stop_runtime, exitpriority=0)
+
+
 def stop_runtime() -> None:
-    global _runtime
+    global _runtime, _forked_config
     with _lock:
+        _forked_config = None
         if _runtime is not None:
             _runtime.close()
         _runtime = None
 
 
 atexit.register(stop_runtime)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -5,7 +5,7 @@ seconds the package replaced, measured where it was compiled. That number must r
 whichever way the package came (the service, a workload's prefetch, ``kcache warm``, the local
 tier), so it travels inside the stored bytes: ``MAGIC``, the length of a JSON header, the header
 (``compile_s``), then torch's pickle unchanged. The service stores it as opaque bytes (and the
-same seconds as the entry's ``X-Kcache-Compile-Time``, for ``kcache inspect``). Keys with this
+same seconds as the entry's ``wire.COMPILE_TIME`` header, for ``kcache inspect``). Keys with this
 format start ``pt2-precompile-v2:``; a plain pickle (no magic) is read as a package whose
 producer measured nothing.
 """

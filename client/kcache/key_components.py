@@ -7,8 +7,12 @@ and 2.15. Inductor compiles right after a miss. kcache wraps the method and, on 
 
 * counts it in the process's stats (``missed``: what ``kcache explain --file/--run`` explains),
 * uploads the parts beside the key (the ``key-components`` layer) so any node can explain a
-  later miss against this key (the key is then also this node's compiled entry),
+  later miss against this key (the key is then also this node's compiled entry), with what the
+  compile depended on beyond the key (:mod:`kcache.key_context`),
 * lets the must-hit guard (:mod:`kcache.require_hit`) warn about or fail the compile.
+
+On a hit kcache served, the key-soundness canary (:mod:`kcache.canary`, ``KCACHE_CANARY``) may
+turn the answer into a miss so that Inductor compiles the graph and the two can be compared.
 
 An unknown shape of the method or of its answer leaves Inductor alone (one warning).
 """
@@ -20,9 +24,9 @@ from types import ModuleType
 from typing import Any
 
 from kcache_schemas import wire
-from kcache_schemas.explain import KeyComponents, parse_debug_lines
+from kcache_schemas.explain import KeyComponents, from_parts, parse_debug_lines
 
-from kcache import patching, require_hit
+from kcache import canary, key_context, patching, require_hit
 from kcache.after_import import call_after_import
 from kcache.current import get_runtime
 from kcache.failopen import guard, warn_once
@@ -41,7 +45,8 @@ def _missed(answer: Any) -> KeyComponents | None:
         return None
     lines = info.get("components")
     parts = parse_debug_lines(line for line in lines if isinstance(line, str)) if isinstance(lines, list) else {}
-    return KeyComponents(layer=LAYER, key=info["key"], components=parts)
+    context = from_parts(LAYER, info["key"], key_context.fx_graph(parts)).components if parts else {}
+    return KeyComponents(layer=LAYER, key=info["key"], components=parts, context=context)
 
 
 def _hook(codecache: ModuleType) -> None:
@@ -68,6 +73,12 @@ def _hook(codecache: ModuleType) -> None:
         if missed is not None:
             # Outside the guard on purpose: KCACHE_REQUIRE_HIT=fail raises into the compile.
             require_hit.compile_ahead(LAYER, missed)
+        with guard("kcache's canary could not audit an FX-graph hit; the hit is used"):
+            # A hit the canary audits reads as a miss from here on: Inductor compiles it (not a
+            # miss to record or to refuse under KCACHE_REQUIRE_HIT: the entry was there).
+            key = args[0] if args else kwargs.get("key")
+            if isinstance(key, str):
+                answer = canary.fx_lookup(answer, key)
         return answer
 
     patching.patch(PATCHES, cache_cls, "load_with_key", staticmethod(wrapper))

@@ -21,7 +21,7 @@ from typing import Any
 
 from kcache_schemas import InvalidKeyError, normalize_entry_key, wire
 
-from kcache import fx_graph_entries, patching
+from kcache import canary, fx_graph_entries, patching
 from kcache.after_import import call_after_import, imported
 from kcache.current import get_runtime
 from kcache.failopen import guard, warn_once
@@ -60,7 +60,8 @@ PREDICATES = {
 }
 PATCHES = "remote-caches"
 # KCACHE_LAYERS names these layers, Dynamo's precompile packages (kcache.dynamo_cache: torch has
-# no remote-cache class for them) and JIT builders' native modules (kcache.jit_layer):
+# no remote-cache class for them), JIT builders' native modules (kcache.jit_layer) and vLLM's
+# compile cache (kcache.vllm_cache):
 # kcache.config.SELECTABLE_LAYERS, parsed there.
 _served: set[str] = set()  # layers installed now (a predicate module may load later)
 
@@ -105,7 +106,10 @@ def backend_class() -> type:
             """The entry as stored (for FX graphs usually the raw-pickle envelope)."""
             with guard(f"{self.layer} lookup failed"):
                 rt = get_runtime()
-                return None if rt is None else rt.get_entry(self.layer, service_key(key))
+                stored = None if rt is None else rt.get_entry(self.layer, service_key(key))
+                if stored is not None and rt is not None and rt.config.canary > 0:
+                    canary.note_served(self.layer, service_key(key), stored)
+                return stored
             return None
 
         def _get(self, key: str) -> bytes | None:
@@ -121,6 +125,8 @@ def backend_class() -> type:
                 rt = get_runtime()
                 if rt is None:
                     return
+                if self.layer == FX_GRAPH and rt.config.canary > 0 and canary.fx_compiled(service_key(key), data):
+                    return  # an audited hit's own compile: compared, never uploaded over the entry
                 compile_time = _compile_time_s(data)
                 if self.layer == FX_GRAPH:
                     data = fx_graph_entries.encode(data) or data

@@ -20,6 +20,7 @@ from kcache.failopen import guard, warn_once
 
 log = logging.getLogger("kcache")
 KERNEL = wire.CacheLayer.KERNEL.value
+VLLM = wire.CacheLayer.VLLM.value
 
 
 class RequiredHitMissed(RuntimeError):
@@ -50,7 +51,7 @@ def compile_ahead(layer: str, missed: KeyComponents) -> None:
         # A cold kernel set is hundreds of compiles: said once, without a lookup per kernel.
         warn_once("KCACHE_REQUIRE_HIT=warn: Triton compiles kernels kcache did not have, e.g. " + missed.key)
         return
-    what = "Triton must compile kernel" if layer == KERNEL else f"Inductor must compile {layer}"
+    what = {KERNEL: "Triton must compile kernel", VLLM: "vLLM must compile its model"}.get(layer, f"Inductor must compile {layer}")
     message = (f"KCACHE_REQUIRE_HIT={policy}: {what} {graph_key(missed.key)}: {_reason(missed)}"
                " (run `kcache explain --file $KCACHE_STATS_FILE` for every miss)")
     if policy == "fail":

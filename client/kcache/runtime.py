@@ -16,10 +16,19 @@ from typing import TYPE_CHECKING, TypeVar
 
 from kcache_schemas import KernelManifest, PackError, Producer, wire
 from kcache_schemas import signature as envelope
-from kcache_schemas.explain import WORKLOAD_MISS, KeyComponents, components_key
+from kcache_schemas.explain import (
+    WORKLOAD_MISS,
+    KeyComponents,
+    components_key,
+    graph_key,
+    identity,
+    identity_marker,
+)
 from kcache_schemas.signature import SignatureError
 
 if TYPE_CHECKING:
+    from kcache_schemas.canary import UnsoundReport
+
     from kcache.workload import Prefetcher
 
 from kcache import __version__, fx_graph_entries
@@ -166,6 +175,36 @@ class Runtime:
         with self._lock:
             self.used_kernels.add(key)
 
+    def _kernel_pack(self, client: KcacheClient, key: str) -> bytes | None:
+        """A kernel's pack from the local tier (a workload prefetch or ``kcache warm`` put it
+        there), else the service (kept in the local tier for the node's other processes); None on
+        a miss or an error. Unverified: emitting it verifies it."""
+        pack = self._local_or_prefetched(KERNEL_LAYER, key)
+        if pack is None:
+            lock, pack = self._fetch_lock(KERNEL_LAYER, key)
+            try:
+                if pack is None:
+                    pack = self._remote(KERNEL_LAYER, lambda: client.get_pack(key))
+                    if pack is not None:  # for the node's other processes (verified when emitted)
+                        self.local.put(KERNEL_LAYER, key, pack)
+            finally:
+                if lock is not None:
+                    lock.release()
+        return pack
+
+    def kernel_pack(self, key: str) -> bytes | None:
+        """The pack kcache would emit for ``key``, not emitted (the canary compiles the kernel
+        and compares): counted as a hit, with the producer's compile time as saved."""
+        client = self.client
+        if client is None or (KERNEL_LAYER, key) in self.quarantined:
+            return None
+        with self.stats.timed(KERNEL_LAYER):
+            pack = self._kernel_pack(client, key)
+        if pack is not None:
+            self.stats.hit(KERNEL_LAYER, len(pack))
+            self.note_kernel(key)
+        return pack
+
     def fetch_kernel(self, key: str, cache_dir: Path) -> EmitOutcome | None:
         """Emit a kernel into ``cache_dir`` (the dir the asking Triton or Inductor uses) from the
         local tier (a workload prefetch or ``kcache warm`` put it there), else the service; None
@@ -173,18 +212,11 @@ class Runtime:
         client = self.client
         if client is None:
             return None
+        if (KERNEL_LAYER, key) in self.quarantined:
+            self.stats.miss(KERNEL_LAYER, "quarantined")
+            return None
         with self.stats.timed(KERNEL_LAYER):
-            pack = self._local_or_prefetched(KERNEL_LAYER, key)
-            if pack is None:
-                lock, pack = self._fetch_lock(KERNEL_LAYER, key)
-                try:
-                    if pack is None:
-                        pack = self._remote(KERNEL_LAYER, lambda: client.get_pack(key))
-                        if pack is not None:  # for the node's other processes (verified when emitted)
-                            self.local.put(KERNEL_LAYER, key, pack)
-                finally:
-                    if lock is not None:
-                        lock.release()
+            pack = self._kernel_pack(client, key)
             if pack is None:
                 return None
             try:
@@ -331,14 +363,19 @@ class Runtime:
             self.used_entries.add((layer, key))
         return data
 
-    def quarantine(self, layer: str, key: str, reason: str, stored: bytes | None = None, *, unprofitable: bool = False) -> None:
-        """An entry this process handed over that torch (or Triton) could not load, or one that
+    def quarantine(self, layer: str, key: str, reason: str, stored: bytes | None = None, *,
+                   unprofitable: bool = False, sha256: str | None = None,
+                   unsound: UnsoundReport | None = None) -> None:
+        """An entry this process handed over that torch (or Triton) could not load, one that
         arrived damaged (``stored``: the bytes as the service sent them, when the local tier does
-        not hold them): the job goes on as on a miss (the caller's part), and here the entry is
-        dropped from the local tier, counted (an error and a ``quarantined`` finding, with the
-        reason), said once, never served or uploaded again by this process, and reported to the
-        service, which then serves it to no node (any mode but off: a report is not an upload; a
-        token without write scope is refused and counted). Never raises.
+        not hold them), or (with ``unsound``) one the canary found differs from this node's own
+        compile of its key: the job goes on as on a miss, or with its own compile (the caller's
+        part), and here the entry is dropped from the local tier, counted (an error and a
+        ``quarantined`` or ``unsound`` finding, with the reason), said once, never served or
+        uploaded again by this process, and reported to the service, which then serves it to no
+        node (any mode but off: a report is not an upload; a token without write scope is refused
+        and counted) and keeps the unsound report. Never raises. ``sha256``: of the stored bytes
+        handed over, when the caller has them.
 
         ``unprofitable``: torch loaded it, but it did not pay (:mod:`kcache.dynamo_payoff`): the
         same, counted as an ``unprofitable`` finding rather than an error, reported with the
@@ -346,14 +383,23 @@ class Runtime:
         with self._lock:
             self.quarantined.add((layer, key))
             self.used_entries.discard((layer, key))  # not for the workload's next prefetch
+            if layer == KERNEL_LAYER:
+                self.used_kernels.discard(key)
         # The report names the stored bytes that failed (the local tier holds what was handed
         # over, as stored), so the service leaves other content under the key alone: hashed
         # here, not on every hit (FX entries run to hundreds of MB).
-        if stored is None:
-            stored = self.local.get(layer, key)
-        sha256 = hashlib.sha256(stored).hexdigest() if stored is not None else None
+        if sha256 is None:
+            if stored is None:
+                stored = self.local.get(layer, key)
+            sha256 = hashlib.sha256(stored).hexdigest() if stored is not None else None
         self.local.discard(layer, key)
-        if unprofitable:
+        if unsound is not None:
+            self.stats.error(layer, "unsound")
+            self.stats.verify("unsound", f"{layer}: {reason}")
+            warn_once(f"kcache's canary compiled a {layer} entry's key itself and got other output ({reason[:200]}): the key is "
+                      "unsound; this job uses its own compile, and the entry is quarantined for every node "
+                      f"(kcache explain --key {graph_key(unsound.key)})")
+        elif unprofitable:
             self.stats.verify("unprofitable", f"{layer}: {reason}")
             warn_once(f"a {layer} entry kcache supplied did not pay ({reason[:200]}); it is served to no other node")
             reason = f"does not pay: {reason}"[:512]
@@ -365,6 +411,13 @@ class Runtime:
         client = self.client
         if client is None:
             return
+        if unsound is not None:
+            try:  # first: the quarantine below may be refused (another content), the finding stands
+                client.report_unsound(unsound)
+            except KcacheError as exc:
+                self.stats.error(layer, f"unsound_report_{type(exc).__name__}")
+            except Exception as exc:
+                self._unexpected(layer, exc)
         try:
             client.quarantine(layer, key, reason, sha256)
         except Conflict:
@@ -407,14 +460,28 @@ class Runtime:
             self.stats.error(layer, exc.reason)
             self.stats.verify("refused", f"{layer}: {exc.reason}")
 
+    def with_origin(self, parts: KeyComponents) -> KeyComponents:
+        """``parts`` with where they were computed: the environment fingerprint and the run id."""
+        from kcache.fingerprint import current
+
+        return parts.model_copy(update={"environment": current(), "run_id": self.config.run_id})
+
     def record_miss(self, missed: KeyComponents, now: bool = False) -> None:
         """A key that missed locally and remotely (the process compiles it next): counted for
         ``kcache explain``, and its parts stored beside it so any node can explain its misses
-        (``now``: sent in this thread, as in compile workers killed without exit handlers)."""
+        (``now``: sent in this thread, as in compile workers killed without exit handlers),
+        with a marker under the key's identity (the parts that name the computation) so a job
+        without a workload finds its nearest stored key too."""
         self.stats.missed(missed.layer, missed.key, self.miss_reason())
         if missed.components:
+            missed = self.with_origin(missed)
             data = missed.model_dump_json().encode()
-            self.put_entry(wire.CacheLayer.KEY_COMPONENTS.value, components_key(missed.layer, missed.key), data, record=False, now=now)
+            layer = wire.CacheLayer.KEY_COMPONENTS.value
+            self.put_entry(layer, components_key(missed.layer, missed.key), data, record=False, now=now)
+            ident = identity(missed)
+            if ident is not None:
+                marker = identity_marker(missed.layer, ident, missed.key)
+                self.put_entry(layer, marker, components_key(missed.layer, missed.key).encode(), record=False, now=now)
 
     def put_entry(self, layer: str, key: str, data: bytes, compile_time_s: float | None = None, now: bool = False,
                   record: bool = True) -> None:

@@ -116,8 +116,16 @@ class KcacheCacheManager(FileCacheManager):  # type: ignore[misc]
             return None
         from kcache.emitter import EmitOutcome
 
+        audit: bool | None = None
+        if rt.config.canary > 0:
+            from kcache import canary
+
+            with guard("kcache's canary could not audit a kernel hit; it is served"):
+                audit = canary.kernel_audit(rt, self.key)
+        if audit:
+            return None  # Triton compiles it; put_group compares it with the pack kcache holds
         try:
-            outcome = rt.fetch_kernel(self.key, Path(self.cache_dir).parent)
+            outcome = rt.fetch_kernel(self.key, Path(self.cache_dir).parent) if audit is None else None
         except Exception as exc:
             warn_once("kernel fetch failed", exc)
             return None
@@ -142,6 +150,12 @@ class KcacheCacheManager(FileCacheManager):  # type: ignore[misc]
         path: str = super().put_group(filename, group)
         if self._tiered:
             rt = _runtime()
+            if rt is not None and rt.config.canary > 0:
+                from kcache import canary
+
+                with guard("kcache's canary could not compare a kernel"):
+                    if canary.kernel_compiled(rt, self.key, Path(self.cache_dir)):
+                        return path  # an audited hit's own compile: compared, not uploaded
             if rt is not None:
                 try:
                     # Inductor terminates its compile workers without running exit handlers,

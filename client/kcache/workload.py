@@ -14,6 +14,12 @@ When the claim frees (the prefetch ended, or its process died halfway), the next
 it and pulls what is still missing: a prefetch skips whatever the tier already holds, so a killed
 prefetcher costs the node one retry of what it had in flight, never a second download of the rest.
 
+**Bytes from the object store.** Where the service hands out presigned URLs (its workload view
+says ``wire.DOWNLOADS``: ``presigned``), packs come from S3 by the URLs of one
+``kernels:batch-urls``, 8 at a time, and entries by following their GET's redirect: the API tier
+answers the index, S3 sends the bytes. Keys without a URL, and a URL that failed, are fetched in
+one batch-get through the service.
+
 Kernels are *not* written into a Triton cache dir here: which dir is right (``TRITON_CACHE_DIR``,
 Inductor's per-device ``<cache>/triton/<device>``, Triton's ``~/.triton/cache``) is known only to
 the code that asks for the kernel, and learning Inductor's from this thread would mean calling
@@ -27,8 +33,8 @@ import logging
 import sys
 import threading
 import time
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 
 from kcache_schemas import PackError, wire
@@ -47,14 +53,55 @@ KERNEL_LAYER = wire.CacheLayer.KERNEL.value
 # and tries the claim again after this long (it frees when the prefetch ends or its process dies).
 _TIER_POLL_S = 0.02
 _FOLLOW_POLL_S = 1.0
+# Presigned pack downloads: this many at once (as the entries), at most this many in flight or
+# downloaded and not yet written to the tier.
+_URL_FETCHES = 8
+_URL_WINDOW = 16
 
 
 def fetch_view(client: KcacheClient, name: str) -> WorkloadView | None:
     try:
-        body = client.get_json(wire.path(wire.WORKLOAD, namespace=client.config.namespace, name=name), fingerprint=current().id)
+        return client.workload_view(name, current().id)
     except NotFound:
         return None
-    return WorkloadView.model_validate(body)
+
+
+def _packs(client: KcacheClient, keys: list[str]) -> Iterator[tuple[str, bytes]]:
+    """``(key, pack)`` for each of ``keys`` the service stores, in no set order: straight from
+    the object store where the service hands out presigned URLs (the bytes skip the API tier;
+    ``_URL_FETCHES`` at a time, at most ``_URL_WINDOW`` held), the rest, and any URL that failed,
+    in one batch-get through the service."""
+    if not keys:
+        return
+    if not client.presigned_downloads:
+        yield from client.batch_get(keys)
+        return
+    answer = client.batch_urls(keys)
+    retry = list(answer.inline)
+    todo = iter(answer.urls.items())
+    try:
+        with ThreadPoolExecutor(max_workers=_URL_FETCHES, thread_name_prefix=KCACHE_THREAD_PREFIX + "prefetch") as pool:
+            pending: dict[Future[bytes], str] = {}
+            while True:
+                while len(pending) < _URL_WINDOW and (item := next(todo, None)) is not None:
+                    pending[pool.submit(client.get_url, item[1])] = item[0]
+                if not pending:
+                    break
+                done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for future in done:
+                    key = pending.pop(future)
+                    try:
+                        pack = future.result()
+                    except KcacheError:
+                        retry.append(key)  # gone from the store, expired, unreachable: the service may have it
+                        continue
+                    yield key, pack
+    except RuntimeError:
+        if not sys.is_finalizing() and not _shutting_down():
+            raise
+        return
+    if retry:
+        yield from client.batch_get(retry)
 
 
 def publish(client: KcacheClient, name: str, kernels: set[str], entries: set[tuple[str, str]]) -> None:
@@ -90,7 +137,7 @@ def pull_workload(
             if on_entry is not None:
                 on_entry(KERNEL_LAYER, key)
     try:
-        for key, pack in client.batch_get(wanted):
+        for key, pack in _packs(client, wanted):
             try:
                 if dest is not None:
                     emit_pack(dest, pack, expected_key=key, check_target=check_target)

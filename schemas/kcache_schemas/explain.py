@@ -47,11 +47,20 @@ class Component(_Model):
 
 
 class KeyComponents(_Model):
-    """The parts of one key of a layer, as the process that computed the key saw them."""
+    """The parts of one key of a layer, as the process that computed the key saw them.
+
+    ``context``: what that compile depended on beyond its key (Inductor settings torch leaves
+    out of its key, backend switches, the rank, hashes of ``TORCHINDUCTOR_*``/``TRITON_*``
+    variables; :mod:`kcache.key_context`), ``environment`` and ``run_id``: where it ran. None of
+    them is part of the key: they name the suspects when two compiles of one key disagree
+    (:mod:`kcache_schemas.canary`) and let ``kcache purge`` select by environment or run."""
 
     layer: str = Field(max_length=64)
     key: str = Field(max_length=512)
     components: dict[str, Component] = Field(default_factory=dict, max_length=MAX_COMPONENTS)
+    context: dict[str, Component] = Field(default_factory=dict, max_length=MAX_COMPONENTS)
+    environment: EnvFingerprint | None = None
+    run_id: str | None = Field(default=None, max_length=128)
 
 
 class Change(_Model):
@@ -107,6 +116,45 @@ def components_key(layer: str, key: str) -> str:
     if re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.=+-]{0,255}", raw):
         return raw
     return f"{layer}.h-{hashlib.sha256(graph_key(key).encode()).hexdigest()}"
+
+
+# The parts of a key that name the computation (the graph and its inputs; a kernel's function and
+# signature) rather than the settings it was compiled with: two keys that share them are the same
+# computation compiled differently, whatever the job or workload (``kcache explain`` without a
+# workload looks for stored keys by them).
+IDENTITY_PARTS: Final[dict[str, tuple[str, ...]]] = {
+    "fx-graph": ("gm", "example_inputs", "inputs_to_check", "user_defined_triton_source"),
+    "kernel": ("source[function]", "source[signature]"),
+}
+IDENTITY_MARK: Final = ".i."  # key-components entry key: <layer>.i.<identity>.<key or its hash>
+
+
+def identity(parts: KeyComponents) -> str | None:
+    """A hash of the key's identity parts (their hashes, by name); None where the layer has none
+    or the key recorded none of them."""
+    names = IDENTITY_PARTS.get(parts.layer, ())
+    found = sorted((n, parts.components[n].hash) for n in names if n in parts.components)
+    if not found:
+        return None
+    return hashlib.sha256(repr(found).encode()).hexdigest()[:32]
+
+
+def identity_prefix(layer: str, ident: str) -> str:
+    """The key prefix of the identity markers of ``layer`` with this identity."""
+    return f"{layer}{IDENTITY_MARK}{ident}."
+
+
+def identity_marker(layer: str, ident: str, key: str) -> str:
+    """The key-components entry that files ``key`` under its identity: listing the identity's
+    prefix finds every recorded key of the computation (one small entry each, its name is the
+    index)."""
+    return identity_prefix(layer, ident) + components_key(layer, key)[len(layer) + 1 :]
+
+
+def components_key_of_marker(layer: str, ident: str, marker: str) -> str | None:
+    """The components entry an identity marker points at; None for another key."""
+    prefix = identity_prefix(layer, ident)
+    return f"{layer}.{marker[len(prefix):]}" if marker.startswith(prefix) and len(marker) > len(prefix) else None
 
 
 def diff(stored: Mapping[str, Component], wanted: Mapping[str, Component]) -> list[Change]:

@@ -188,6 +188,21 @@ class BatchGetRequest(_Model):
     keys: list[str] = Field(min_length=1, max_length=5_000)
 
 
+class BatchUrls(_Model):
+    """Where to download many packs straight from the object store (``kernels:batch-urls``):
+    the API tier answers the index lookups and signs URLs; the bytes never pass through it.
+
+    ``urls``: a presigned GET URL per found key, valid ``expires_s``; ``inline``: found keys the
+    service hands out no URL for (presigned downloads off, or a blob store without them): fetch
+    those through ``kernels:batch-get``. ``missing`` and ``invalid`` as there."""
+
+    urls: dict[str, str]
+    inline: list[str] = Field(default_factory=list)
+    missing: list[str] = Field(default_factory=list)
+    invalid: list[str] = Field(default_factory=list)
+    expires_s: int = Field(default=0, ge=0)
+
+
 class Provenance(BaseModel):
     """Where and how a signed entry was made: signed together with the entry (see
     :mod:`kcache_schemas.signature`). Unlike :class:`Producer` it names the producing host: a

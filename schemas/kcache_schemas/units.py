@@ -18,6 +18,10 @@ Durations: a number with a unit, ``ms`` ``s`` ``m`` ``h`` ``d`` ``w`` (``90s``, 
 (``KCACHE_READ_TIMEOUT_S``, retention's JSON); the CLI's ``gc`` flags refuse one (``--older-than
 7`` was 7 seconds to the old CLI and 7 days to its reader), except ``0``.
 
+Fractions (``KCACHE_CANARY``: the share of cache hits audited): a number from 0 to 1 (``0.01``),
+or a percentage (``1%``, ``0.5%``); ``1`` is every one, a bare number above 1 is refused (``5``
+could mean 5 % or all of them).
+
 Negative, fractional byte counts, non-finite numbers and anything else are refused with a
 :class:`ValueError` that says what would have been accepted.
 """
@@ -85,6 +89,30 @@ def parse_duration(value: str | int | float, *, bare_seconds: bool = True) -> fl
         why = "a duration must not be negative" if text.startswith("-") else "not a duration"
         raise ValueError(f"{value[:40]!r}: {why}; use {DURATION_HELP}" + ("; a bare number is seconds" if bare_seconds else ""))
     return sum(float(n) * DURATION_UNITS[u] for n, u in _DURATION_PART_RE.findall(text))
+
+
+FRACTION_HELP = "a fraction from 0 to 1 (0.01) or a percentage (1%, 0.5%)"
+
+
+def parse_fraction(value: str | int | float) -> float:
+    """A share in [0, 1] (see the module's grammar). Raises ValueError naming what is accepted."""
+    if isinstance(value, bool):
+        raise ValueError(f"{value!r} is not a fraction; use {FRACTION_HELP}")
+    if isinstance(value, (int, float)):
+        number, percent = float(value), False
+    else:
+        text = value.strip()
+        percent = text.endswith("%")
+        body = text.removesuffix("%").strip()
+        if _NUMBER_RE.fullmatch(body) is None:
+            why = "a fraction must not be negative" if body.startswith("-") else "not a fraction"
+            raise ValueError(f"{value[:40]!r}: {why}; use {FRACTION_HELP}")
+        number = float(body)
+    share = number / 100 if percent else number
+    if not math.isfinite(share) or not 0 <= share <= 1:
+        hint = f"; write {number:g}% for {number:g} percent" if not percent and 1 < number <= 100 else ""
+        raise ValueError(f"{str(value)[:40]!r}: a fraction is from 0 to 1 (0 % to 100 %){hint}; use {FRACTION_HELP}")
+    return share
 
 
 def format_bytes(n: int | float) -> str:

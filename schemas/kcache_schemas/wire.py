@@ -19,13 +19,21 @@ KERNEL_MANIFEST = f"{KERNEL}/manifest"
 KERNEL_FILE = f"{KERNEL}/files/{{filename}}"
 KERNELS_MISSING = f"{KERNELS}:missing"
 KERNELS_BATCH_GET = f"{KERNELS}:batch-get"
+# Presigned object-store URLs for many packs at once (kcache_schemas.models.BatchUrls).
+KERNELS_BATCH_URLS = f"{KERNELS}:batch-urls"
 ENTRIES = f"{API}/{{namespace}}/entries"
 ENTRY = f"{ENTRIES}/{{layer}}/{{key}}"
-ENTRY_LIST = f"{ENTRIES}/{{layer}}"  # GET: a layer's entries, paginated like KERNELS
+ENTRY_LIST = f"{ENTRIES}/{{layer}}"  # GET ?prefix=&limit=&cursor=: a layer's entries, paginated like KERNELS
+# (kcache ls --entries; kcache explain lists the key-components layer's identity markers with it)
 ENTRY_INFO = f"{ENTRY}/info"
 # POST: report that torch could not load the entry (write scope); GET: the report; DELETE: lift it
 # (admin). A quarantined entry answers 404 ``quarantined`` to every node and refuses re-uploads.
 ENTRY_QUARANTINE = f"{ENTRY}/quarantine"
+# Keys the key-soundness canary found unsound (kcache_schemas.canary): GET the namespace's
+# reports; PUT (write scope) / GET one report
+UNSOUND_LIST = f"{API}/{{namespace}}/unsound"
+UNSOUND = f"{UNSOUND_LIST}/{{layer}}/{{key}}"
+PURGE = f"{API}/{{namespace}}/purge"  # POST: delete entries by recorded key part (admin; kcache_schemas.purge)
 WORKLOADS = f"{API}/{{namespace}}/workloads"
 WORKLOAD = f"{WORKLOADS}/{{name}}"
 RUNS = f"{API}/{{namespace}}/runs"
@@ -48,6 +56,7 @@ def path(template: str, **params: str) -> str:
 
 
 # ---- headers -----------------------------------------------------------------------------------
+OWN_HEADER_PREFIX = "X-Kcache-"  # every header of kcache's own starts so
 COMPILE_TIME = "X-Kcache-Compile-Time"  # the producer's compile time, seconds: credited as saved
 PRODUCER = "X-Kcache-Producer"  # kcache/<version> of the uploading client
 TOTAL_SIZE = "X-Kcache-Total-Size"  # a kernel's unpacked size, on HEAD/GET
@@ -56,6 +65,11 @@ TARGET = "X-Kcache-Target"  # device_type:arch:warp_size of a kernel
 # say so (a wrong token on an open server was accepted silently).
 AUTH_MODE = "X-Kcache-Auth"
 AUTH_OPEN = "open"
+# On a workload view: how this service hands out stored bytes. ``presigned``: kernel packs through
+# kernels:batch-urls and entry GETs answer with object-store URLs (307), so a prefetch asks for
+# URLs instead of bytes. Absent: the bytes come through the service.
+DOWNLOADS = "X-Kcache-Downloads"
+DOWNLOADS_PRESIGNED = "presigned"
 
 
 # ---- cache layers ------------------------------------------------------------------------------
@@ -73,6 +87,9 @@ class CacheLayer(str, enum.Enum):
     # Native modules other JIT builders compile (Inductor's C++ kernels, ...): a container of
     # files (kcache_schemas.jit) under a content key, one adapter per builder (kcache.jit_layer).
     JIT = "jit"
+    # vLLM's compile cache: one entry per compiled model and rank (the AOT ``model`` file with
+    # the Inductor cache vLLM points at), a verified tree (kcache_schemas.tree; kcache.vllm_cache).
+    VLLM = "vllm"
     # The named parts of a key this layer's producer computed (kcache_schemas.explain): what
     # `kcache explain` diffs a missed key against. Never looked up by a compile.
     KEY_COMPONENTS = "key-components"

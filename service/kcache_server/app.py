@@ -16,7 +16,17 @@ from kcache_server.budget import MemoryBudget
 from kcache_server.gc import Collector, GcScheduler
 from kcache_server.handlers import install_error_handlers
 from kcache_server.metrics import instrument
-from kcache_server.routes import docs, entries, health, kernels, retention, runs, ui, workloads
+from kcache_server.routes import (
+    canary,
+    docs,
+    entries,
+    health,
+    kernels,
+    retention,
+    runs,
+    ui,
+    workloads,
+)
 from kcache_server.settings import Settings
 from kcache_server.storage import open_blob_store, open_index
 from kcache_server.store import CacheStore
@@ -82,6 +92,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(workloads.router)
     app.include_router(runs.router)
     app.include_router(retention.router)
+    app.include_router(canary.router)
     app.include_router(ui.router)
     app.include_router(docs.router)
     app.add_middleware(BodyDeadline, idle_s=settings.body_idle_timeout_s, total_s=settings.body_timeout_s)

@@ -50,7 +50,7 @@ async def _kernel_key(key: Annotated[str, Path(description="Triton cache-dir nam
     return normalize_kernel_key(key)
 
 
-async def _layer(layer: Annotated[str, Path(description="fx-graph, autotune, bundled-autotune, aot-autograd, dynamo-pgo, triton-module, dynamo, jit")]) -> str:
+async def _layer(layer: Annotated[str, Path(description="fx-graph, autotune, bundled-autotune, aot-autograd, dynamo-pgo, triton-module, dynamo, jit, vllm")]) -> str:
     return validate_layer(layer)
 
 

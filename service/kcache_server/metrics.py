@@ -7,7 +7,8 @@
   (:mod:`kcache_server.bodies`); not an error of the service, and never a ``5xx``.
 * ``kcache_lookups_total{layer,result}``: cache lookups, ``result`` ``hit`` or ``miss``. A kernel
   ``GET``/``HEAD`` that finds the pack is a hit, a 404 a miss; each key of a ``kernels:batch-get``
-  counts once (found or missing, as the route counted them: ``record_batch_lookups``); entry
+  counts once (found or missing, as the route counted them: ``record_batch_lookups``; a
+  ``kernels:batch-urls`` counts the keys it signed a URL for and the missing ones); entry
   ``GET``/``HEAD`` count under their layer. Manifest/file views (the dashboard) are not lookups.
 * ``kcache_bytes_received_total{layer}``, ``kcache_bytes_sent_total{layer}``: body bytes; ``layer``
   is ``kernel``, an entry layer, or ``api`` for everything else.
@@ -18,6 +19,9 @@
 * ``kcache_quarantined_total{layer}``: entries a client reported torch could not load, taken out
   of service by this process (``POST .../quarantine`` that created the report); the ones in force
   are ``kcache_storage_entries{kind="quarantine/<layer>"}``.
+* ``kcache_unsound_keys_total{layer}``: keys a node's key-soundness canary found unsound (its own
+  compile of the key gave other output than the stored entry: ``PUT .../unsound/{layer}/{key}``
+  that recorded a new report); the entry is quarantined with it.
 * ``kcache_backend_errors_total{backend}``: every ``BackendUnavailable`` that reached the API's
   error handler (answered 503), or a failed usage scrape.
 * Retention: ``kcache_storage_budget_bytes{namespace,limit}`` (``soft``/``hard``, for namespaces
@@ -167,6 +171,7 @@ class Metrics:
         self.backend_errors = Counter("kcache_backend_errors", "Storage backend failures (BackendUnavailable), by backend", ["backend"], registry=r)
         self.run_reports = Counter("kcache_run_reports", "Client run-stats reports received", registry=r)
         self.quarantined = Counter("kcache_quarantined", "Entries reported unloadable and taken out of service, by layer", ["layer"], registry=r)
+        self.unsound = Counter("kcache_unsound_keys", "Keys a node's canary found unsound (its compile differed from the stored entry), by layer", ["layer"], registry=r)
         self.gc_runs = Counter("kcache_gc_runs", "GC runs finished by this process, by trigger (schedule, pressure, api)", ["trigger"], registry=r)
         self.gc_duration = Histogram("kcache_gc_duration_seconds", "Duration of a GC run (one namespace, or the orphan sweep)", buckets=_GC_BUCKETS, registry=r)
         self.gc_evicted_bytes = Counter("kcache_gc_evicted_bytes", "Bytes the GC evicted, by namespace and reason (env, ttl, budget; orphan: blobs, namespace *)", ["namespace", "reason"], registry=r)
@@ -175,6 +180,8 @@ class Metrics:
         build.labels(__version__).set(1)
         for result in ("hit", "miss"):  # so rates are defined from the first scrape
             self.lookups.labels(KERNEL_LAYER, result)
+        for audited in (wire.CacheLayer.FX_GRAPH.value, KERNEL_LAYER):  # an alert on > 0 sees the 0
+            self.unsound.labels(audited)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
@@ -263,7 +270,7 @@ class MetricsMiddleware:
                 m.lookups.labels(layer, "hit").inc()
             elif status == 404:
                 m.lookups.labels(layer, "miss").inc()
-        elif template == wire.KERNELS_BATCH_GET and status == 200:
+        elif template in (wire.KERNELS_BATCH_GET, wire.KERNELS_BATCH_URLS) and status == 200:
             counts = scope.get("state", {}).get(BATCH_LOOKUPS)
             if counts is not None:
                 found, missing = counts
@@ -275,6 +282,8 @@ class MetricsMiddleware:
             m.run_reports.inc()
         elif template == wire.ENTRY_QUARANTINE and method == "POST" and status == 201:
             m.quarantined.labels(layer).inc()
+        elif template == wire.UNSOUND and method == "PUT" and status == 201:
+            m.unsound.labels(layer_label(str(scope.get("path_params", {}).get("layer", "")))).inc()
 
 
 def instrument(app: FastAPI, usage_ttl_s: float | None = None) -> Metrics:

@@ -14,7 +14,8 @@ Added to FastAPI's document, by rule:
   size limits ``413``;
 * each path parameter's rule as a ``pattern`` (the validators' own regular expressions);
 * the request bodies that routes read themselves (to bound them in memory, FastAPI never sees
-  them): a pack, an entry's bytes, a run's statistics (:class:`RunStatsReport`), each required;
+  them): a pack, an entry's bytes, a run's statistics (:class:`RunStatsReport`), an unsound-key
+  report (:class:`UnsoundReport`), each required;
 * optional headers as what they are on the wire: absent, or a value (FastAPI writes ``null``
   into an optional header's schema, and no header value means "null").
 """
@@ -26,6 +27,7 @@ from typing import Any
 
 from fastapi import FastAPI
 from kcache_schemas import ErrorBody, wire
+from kcache_schemas.canary import UnsoundReport
 from kcache_schemas.keys import (
     ENTRY_KEY_PATTERN,
     KERNEL_KEY_PATTERN,
@@ -58,24 +60,26 @@ _HEADERS = {
     408: {"Connection": {"description": "close", "schema": {"type": "string"}}},
     503: {"Retry-After": {"description": "seconds", "schema": {"type": "integer"}}},
 }
-_SIZE_LIMITED = {("put", wire.KERNEL), ("put", wire.ENTRY), ("post", wire.RUN_STATS), ("get", wire.KERNEL_FILE)}
+_SIZE_LIMITED = {("put", wire.KERNEL), ("put", wire.ENTRY), ("post", wire.RUN_STATS), ("get", wire.KERNEL_FILE), ("put", wire.UNSOUND)}
 _WRITE_ONCE = {("put", wire.KERNEL), ("put", wire.ENTRY)}
 _STORAGE_LIMITED = _WRITE_ONCE  # uploads count against the namespace's storage limits
 _ONE_ITEM = ("{key}", "{name}", "{run_id}")
-# A GC run names an environment (``env``) that may not exist in the namespace.
-_NOT_FOUND_TOO = {("post", wire.GC)}
+# A GC run names an environment (``env``) that may not exist in the namespace; a pin (without
+# ``?ahead=true``) a workload that may have no published run.
+_NOT_FOUND_TOO = {("post", wire.GC), ("put", wire.PIN)}
 _BINARY = {"type": "string", "format": "binary"}
 # Bodies the routes read themselves: (method, path) -> (media type, schema).
 _OWN_BODIES: dict[tuple[str, str], tuple[str, dict[str, Any]]] = {
     ("put", wire.KERNEL): (MEDIA_TYPE, _BINARY),
     ("put", wire.ENTRY): ("application/octet-stream", _BINARY),
     ("post", wire.RUN_STATS): ("application/json", {"$ref": "#/components/schemas/RunStatsReport"}),
+    ("put", wire.UNSOUND): ("application/json", {"$ref": "#/components/schemas/UnsoundReport"}),
 }
 
 
 def _param_pattern(path: str, name: str) -> str | None:
     if name == "key":
-        return ENTRY_KEY_PATTERN if path.startswith(wire.ENTRIES) else KERNEL_KEY_PATTERN
+        return ENTRY_KEY_PATTERN if path.startswith((wire.ENTRIES, wire.UNSOUND_LIST)) else KERNEL_KEY_PATTERN
     return {
         "namespace": NAMESPACE_PATTERN,
         "layer": LAYER_PATTERN,
@@ -114,7 +118,7 @@ def error_statuses(path: str, method: str, operation: dict[str, Any]) -> set[int
 def document(schema: dict[str, Any]) -> dict[str, Any]:
     """Add error responses and path rules to a FastAPI OpenAPI document (in place)."""
     components = schema.setdefault("components", {}).setdefault("schemas", {})
-    for model in (ErrorBody, RunStatsReport):
+    for model in (ErrorBody, RunStatsReport, UnsoundReport):
         body = model.model_json_schema(ref_template="#/components/schemas/{model}")
         components.update(body.pop("$defs", {}))
         components[model.__name__] = body

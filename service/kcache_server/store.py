@@ -43,6 +43,7 @@ from kcache_schemas import (
     QuarantineInfo,
     normalize_kernel_key,
 )
+from kcache_schemas.models import BatchUrls
 from kcache_schemas.pack import pack_work_bytes, read_pack_file, verify_pack
 from kcache_schemas.retention import Amount
 from kcache_schemas.units import format_bytes
@@ -423,6 +424,7 @@ class CacheStore:
         if manifest.key != key:
             raise KeyMismatch(f"pack is for kernel {manifest.key}, not {key}")
         entry = _kernel_entry(namespace, manifest, len(pack))
+        self._refuse_quarantined(namespace, KERNEL, key)
         record = IndexRecord(
             namespace=namespace,
             kind=KERNEL,
@@ -433,11 +435,18 @@ class CacheStore:
             created_at=entry.created_at.timestamp(),
         )
         result = self._commit(record, pack)
+        if result.created and self.index.get(namespace, quarantine_kind(KERNEL), key) is not None:
+            self._drop(record)  # quarantined while it committed (see put_entry)
+            self._refuse_quarantined(namespace, KERNEL, key)
         return KernelEntry.model_validate_json(result.meta), result.created
 
     def _kernel_record(self, namespace: str, key: str) -> IndexRecord:
         record = self.index.get(namespace, KERNEL, key)
         if record is None:
+            # Only a miss pays for this lookup: a quarantined kernel has no record any more.
+            marker = self.index.get(namespace, quarantine_kind(KERNEL), key)
+            if marker is not None:
+                raise Quarantined(f"kernel {key}", QuarantineInfo.model_validate_json(marker.meta).reason)
             raise NotFound(f"kernel {key}")
         return record
 
@@ -476,6 +485,11 @@ class CacheStore:
             raise NotFound(f"file {filename} of kernel {key}")
         return data
 
+    @property
+    def presigns(self) -> bool:
+        """The blob store can hand out presigned download URLs (an object store's)."""
+        return bool(self.blobs.presigns)
+
     def kernel_download_url(self, namespace: str, key: str, expires_s: int) -> str | None:
         """A presigned URL of the kernel's pack where the blob store makes them (S3), else None."""
         record = self._kernel_record(namespace, key)
@@ -483,6 +497,27 @@ class CacheStore:
         if url is not None:
             self.access.record(namespace, KERNEL, [key])
         return url
+
+    def kernel_download_urls(self, namespace: str, keys: list[str], expires_s: int | None) -> BatchUrls:
+        """Presigned URLs of many packs, one index read for all (``expires_s`` None: presigned
+        downloads are off, and every found key is ``inline``: to be fetched through batch-get)."""
+        valid, invalid = split_kernel_keys(keys)
+        unique = list(dict.fromkeys(valid))
+        records = self.index.get_many(namespace, KERNEL, unique)
+        urls: dict[str, str] = {}
+        inline: list[str] = []
+        for key in unique:
+            if key not in records:
+                continue
+            url = self.blobs.presigned_get_url(records[key].digest, expires_s) if expires_s is not None else None
+            if url is None:
+                inline.append(key)
+            else:
+                urls[key] = url
+        if urls:  # the inline ones are recorded when batch-get serves them
+            self.access.record(namespace, KERNEL, list(urls))
+        missing = [k for k in unique if k not in records]
+        return BatchUrls(urls=urls, inline=inline, missing=missing, invalid=invalid, expires_s=expires_s if urls and expires_s else 0)
 
     def missing_kernels(self, namespace: str, keys: list[str]) -> tuple[list[str], list[str]]:
         """``(missing, invalid)`` of the given keys (valid ones normalised)."""
@@ -629,6 +664,15 @@ class CacheStore:
         self.access.record(namespace, record.kind, [key])
         return EntryInfo.model_validate_json(record.meta), data
 
+    def entry_download_url(self, namespace: str, layer: str, key: str, expires_s: int) -> tuple[EntryInfo, str | None]:
+        """An entry's metadata and a presigned URL of its bytes where the blob store makes them
+        (S3), else None (quarantined and missing entries raise as :meth:`open_entry` does)."""
+        record = self._entry_record(namespace, layer, key)
+        url = self.blobs.presigned_get_url(record.digest, expires_s)
+        if url is not None:
+            self.access.record(namespace, record.kind, [key])
+        return EntryInfo.model_validate_json(record.meta), url
+
     def open_entry(self, namespace: str, layer: str, key: str) -> tuple[EntryInfo, BlobStream]:
         """:meth:`entry_bytes`, streamed (the caller closes the stream)."""
         record = self._entry_record(namespace, layer, key)
@@ -651,12 +695,14 @@ class CacheStore:
         existing = self.index.get(namespace, kind, key)
         if existing is not None:
             return QuarantineInfo.model_validate_json(existing.meta), False
-        record = self.index.get(namespace, entry_kind(layer), key)
+        # Layer "kernel" names a kernel pack (the key-soundness canary reports those): its
+        # record is the kernel's, its digest the pack's sha256.
+        record = self.index.get(namespace, KERNEL if layer == KERNEL else entry_kind(layer), key)
         if record is not None and sha256 is not None and record.digest != sha256:
             raise Conflict(f"{layer} entry {key} is not the content reported (stored sha256 {record.digest[:16]}...): left in service")
         info = QuarantineInfo(
             namespace=namespace, layer=layer, key=key, reason=reason, quarantined_at=datetime.now(timezone.utc),
-            reporter=reporter, entry=EntryInfo.model_validate_json(record.meta) if record is not None else None,
+            reporter=reporter, entry=EntryInfo.model_validate_json(record.meta) if record is not None and layer != KERNEL else None,
         )
         marker = IndexRecord(namespace=namespace, kind=kind, key=key, digest="", size=0, meta=info.model_dump_json())
         stored = self.index.put_if_absent(marker)

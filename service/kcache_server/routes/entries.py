@@ -12,6 +12,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import RedirectResponse
 from kcache_schemas import EntryInfo, Producer, QuarantineInfo, QuarantineRequest, wire
 from kcache_schemas.models import EntryList
 
@@ -65,10 +66,18 @@ async def put_entry(
 
 
 @router.get(wire.ENTRY, summary="Fetch an entry's bytes", response_class=Response,
-            responses={200: {"content": {"application/octet-stream": {}}, "description": "The entry's bytes, as stored"}})
+            responses={200: {"content": {"application/octet-stream": {}}, "description": "The entry's bytes, as stored"},
+                       307: {"description": "presigned blob URL (presigned downloads on); the producer's compile time in " + wire.COMPILE_TIME}})
 def get_entry(
     request: Request, namespace: Namespace, layer: Layer, key: EntryKey, store: StoreDep, settings: SettingsDep, _: CanRead,
 ) -> Response:
+    if settings.presigned_downloads:
+        info, url = store.entry_download_url(namespace, layer, key, settings.presign_expires_s)
+        if url is not None:
+            downloads.record(settings, request, namespace, layer, key, "redirect", 0)
+            # Only what the client credits (the compile time) rides on the redirect: the URL
+            # expires, so nothing here may be cached as the entry's ETag or immutable bytes.
+            return RedirectResponse(url, status_code=307, headers={k: v for k, v in _headers(info).items() if k == wire.COMPILE_TIME})
     info, blob = store.open_entry(namespace, layer, key)
     downloads.record(settings, request, namespace, layer, key, "get", blob.size)
     return blob_response(blob, "application/octet-stream", _headers(info))
@@ -106,7 +115,8 @@ def delete_entry(namespace: Namespace, layer: Layer, key: EntryKey, store: Store
 
 
 @router.post(wire.ENTRY_QUARANTINE, status_code=201, response_model=QuarantineInfo,
-             summary="Report an entry torch could not load: out of service for every node")
+             summary="Report an entry torch could not load (or a canary found unsound): out of service for every node",
+             responses={200: {"model": QuarantineInfo, "description": "Quarantined already: the report in force"}})
 def quarantine_entry(
     body: QuarantineRequest, response: Response, namespace: Namespace, layer: Layer, key: EntryKey, store: StoreDep,
     _: CanWrite, x_kcache_producer: Annotated[str | None, Header(max_length=256)] = None,

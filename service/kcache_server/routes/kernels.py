@@ -11,6 +11,7 @@ from fastapi.responses import RedirectResponse, StreamingResponse
 from kcache_schemas import InvalidKeyError, KernelEntry, wire
 from kcache_schemas.models import (
     BatchGetRequest,
+    BatchUrls,
     KernelList,
     MissingRequest,
     MissingResponse,
@@ -127,6 +128,18 @@ def batch_get(
     packs = ((wire.batch_member(key), blob) for key, blob in downloads.batch_packs(settings, request, namespace, batch.packs))
     stream = tar_stream((wire.BATCH_INDEX, json.dumps(index).encode()), packs)
     return StreamingResponse(stream, media_type="application/x-tar")
+
+
+@router.post(wire.KERNELS_BATCH_URLS, response_model=BatchUrls, summary="Presigned object-store URLs for many packs")
+def batch_urls(request: Request, body: BatchGetRequest, namespace: Namespace, store: StoreDep, settings: SettingsDep,
+               _: CanRead) -> BatchUrls:
+    """One index read and a signature per found key: the packs then flow from the object store,
+    not through this service (a prefetch asks for these when a workload view says
+    ``wire.DOWNLOADS``: ``presigned``). Found keys the service signs no URL for (presigned
+    downloads off, a file blob store) are listed in ``inline``: fetch them through batch-get."""
+    answer = store.kernel_download_urls(namespace, body.keys, settings.presign_expires_s if settings.presigned_downloads else None)
+    record_batch_lookups(request, len(answer.urls), len(answer.missing))  # inline ones: counted by their batch-get
+    return answer
 
 
 @router.get(wire.KERNELS, response_model=KernelList, summary="List kernels (paginated)")

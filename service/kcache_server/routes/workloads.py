@@ -9,7 +9,7 @@ from kcache_schemas import validate_workload_name, wire
 from kcache_schemas.models import WorkloadManifest, WorkloadSummary, WorkloadView
 
 from kcache_server import workloads
-from kcache_server.deps import CanRead, CanWrite, Namespace, StoreDep
+from kcache_server.deps import CanRead, CanWrite, Namespace, SettingsDep, StoreDep
 
 router = APIRouter(tags=["workloads"])
 
@@ -29,12 +29,19 @@ def put_workload(namespace: Namespace, name: WorkloadName, body: WorkloadManifes
     return {"fingerprint": fingerprint, "run": run}
 
 
-@router.get(wire.WORKLOAD, response_model=WorkloadView, summary="The merged manifest for one environment")
+@router.get(wire.WORKLOAD, response_model=WorkloadView, summary="The merged manifest for one environment",
+            responses={200: {"headers": {wire.DOWNLOADS: {
+                "description": "`presigned`: this service answers kernels:batch-urls and entry GETs with object-store URLs",
+                "schema": {"type": "string", "enum": [wire.DOWNLOADS_PRESIGNED]}}}}})
 def get_workload(
-    namespace: Namespace, name: WorkloadName, store: StoreDep, _: CanRead,
+    namespace: Namespace, name: WorkloadName, store: StoreDep, settings: SettingsDep, _: CanRead, response: Response,
     fingerprint: Annotated[str | None, Query(max_length=16, description="environment id; default: the newest run's")] = None,
 ) -> WorkloadView:
-    return workloads.view(store, namespace, name, fingerprint)
+    view = workloads.view(store, namespace, name, fingerprint)
+    if settings.presigned_downloads and store.presigns:
+        # The prefetch that reads this view then asks for URLs, and the bytes skip this tier.
+        response.headers[wire.DOWNLOADS] = wire.DOWNLOADS_PRESIGNED
+    return view
 
 
 @router.get(wire.WORKLOADS, response_model=list[WorkloadSummary], summary="Workloads in the namespace")

@@ -183,6 +183,10 @@ class BlobStore(ABC):
         """Every stored blob, in no particular order (the orphan sweep compares them with the
         index). Partial writes (temp files, unfinished uploads) are not blobs."""
 
+    # Whether :meth:`presigned_get_url` makes URLs: the service then tells prefetching clients to
+    # ask for URLs rather than bytes (wire.DOWNLOADS), when presigned downloads are on.
+    presigns: bool = False
+
     def presigned_get_url(self, digest: str, expires_s: int) -> str | None:
         """A URL a client may GET the blob from directly, if the backend supports it."""
         return None

@@ -76,6 +76,7 @@ def _is_digest(digest: str) -> bool:
 
 class S3BlobStore(BlobStore):
     name = "s3"
+    presigns = True
 
     def __init__(
         self,

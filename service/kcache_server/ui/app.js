@@ -259,6 +259,31 @@
     return out;
   }
 
+  // ---- unsound keys (kcache.canary) -----------------------------------------------------------
+
+  async function loadUnsound() {
+    const body = $("unsound-table").tBodies[0];
+    const list = await api(nsPath("unsound?limit=50"));
+    body.replaceChildren();
+    if (!list.items.length) {
+      body.append(el("tr", {}, el("td", { colspan: 5, class: "empty" }, "No key found unsound in this namespace.")));
+      return;
+    }
+    for (const r of list.items) {
+      const files = [...new Set(r.output_diff.filter((l) => l.startsWith("--- ")).map((l) => l.slice(4).replace(/^served\//, "")))];
+      const suspects = r.suspects.length
+        ? r.suspects.slice(0, 4).map((c) => c.name + ": " + (c.stored ?? "(absent)") + " → " + (c.wanted ?? "(absent)")).join("; ") + (r.suspects.length > 4 ? " (+" + (r.suspects.length - 4) + ")" : "")
+        : (r.producer ? "none recorded" : "unknown: the producer recorded no parts");
+      const when = r.reported_at ? r.reported_at.replace("T", " ").slice(0, 16) : "";
+      body.append(el("tr", { class: "unsound-row" },
+        el("td", {}, r.layer),
+        el("td", { class: "mono", title: r.key }, r.key.length > 40 ? r.key.slice(0, 40) + "…" : r.key),
+        el("td", {}, when),
+        el("td", {}, files.join(", ") || r.compared),
+        el("td", {}, suspects)));
+    }
+  }
+
   // ---- storage and top kernels --------------------------------------------------------------
 
   async function loadUsage() {
@@ -461,7 +486,7 @@
     try {
       if (!(await loadNamespaces())) return;
       location.hash = "ns=" + encodeURIComponent(state.ns);
-      await Promise.all([loadRuns(), loadUsage(), loadRetention(), loadTop()]);
+      await Promise.all([loadRuns(), loadUsage(), loadRetention(), loadTop(), loadUnsound()]);
       status("");
       document.body.dataset.loaded = "1";
     } catch (e) {
