@@ -48,7 +48,7 @@ _ANSWERS = frozenset({STATUS[ErrorCode.INSUFFICIENT_STORAGE]})
 _BODY_HEADERS = {"content-encoding", "content-length", "transfer-encoding"}
 # kcache's own headers (the producer's compile time) ride on a redirect to the object store,
 # whose answer lacks them: they are carried over to the response a caller sees.
-_OWN_HEADER_PREFIX = "x-kcache-"
+_OWN_HEADER_PREFIX = wire.HEADER_PREFIX.lower()
 
 
 class _ByteStream(io.RawIOBase):

@@ -15,7 +15,7 @@ it and pulls what is still missing: a prefetch skips whatever the tier already h
 prefetcher costs the node one retry of what it had in flight, never a second download of the rest.
 
 **Bytes from the object store.** Where the service hands out presigned URLs (its workload view
-says ``X-Kcache-Downloads: presigned``), packs come from S3 by the URLs of one
+carries ``wire.DOWNLOADS``: presigned), packs come from S3 by the URLs of one
 ``kernels:batch-urls``, 8 at a time, and entries by following their GET's redirect: the API tier
 answers the index, S3 sends the bytes. Keys without a URL, and a URL that failed, are fetched in
 one batch-get through the service.

@@ -49,6 +49,7 @@ def path(template: str, **params: str) -> str:
 
 
 # ---- headers -----------------------------------------------------------------------------------
+HEADER_PREFIX = "X-Kcache-"  # every header of kcache's own starts so
 COMPILE_TIME = "X-Kcache-Compile-Time"  # the producer's compile time, seconds: credited as saved
 PRODUCER = "X-Kcache-Producer"  # kcache/<version> of the uploading client
 TOTAL_SIZE = "X-Kcache-Total-Size"  # a kernel's unpacked size, on HEAD/GET

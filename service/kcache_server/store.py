@@ -485,6 +485,11 @@ class CacheStore:
             self.access.record(namespace, KERNEL, [key])
         return url
 
+    @property
+    def presigns(self) -> bool:
+        """Whether the blob store makes presigned URLs (S3): the service can hand them out."""
+        return self.blobs.presigns
+
     def kernel_download_urls(self, namespace: str, keys: list[str], expires_s: int | None) -> BatchUrls:
         """Presigned URLs of many packs, one index read for all (``expires_s`` None: presigned
         downloads are off, and every found key is ``inline``: to be fetched through batch-get)."""

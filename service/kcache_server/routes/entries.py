@@ -63,7 +63,7 @@ async def put_entry(
 
 @router.get(wire.ENTRY, summary="Fetch an entry's bytes", response_class=Response,
             responses={200: {"content": {"application/octet-stream": {}}, "description": "The entry's bytes, as stored"},
-                       307: {"description": "presigned blob URL (presigned downloads on); the producer's compile time in X-Kcache-Compile-Time"}})
+                       307: {"description": f"presigned blob URL (presigned downloads on); the producer's compile time in {wire.COMPILE_TIME}"}})
 def get_entry(namespace: Namespace, layer: Layer, key: EntryKey, store: StoreDep, settings: SettingsDep, _: CanRead) -> Response:
     if settings.presigned_downloads:
         info, url = store.entry_download_url(namespace, layer, key, settings.presign_expires_s)

@@ -38,7 +38,7 @@ def get_workload(
     fingerprint: Annotated[str | None, Query(max_length=16, description="environment id; default: the newest run's")] = None,
 ) -> WorkloadView:
     view = workloads.view(store, namespace, name, fingerprint)
-    if settings.presigned_downloads and store.blobs.presigns:
+    if settings.presigned_downloads and store.presigns:
         # The prefetch that reads this view then asks for URLs, and the bytes skip this tier.
         response.headers[wire.DOWNLOADS] = wire.DOWNLOADS_PRESIGNED
     return view
