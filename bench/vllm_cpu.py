@@ -10,8 +10,10 @@ layout (``kcache_testkit/vllm_job.py``) on a user-like node (own ``HOME``, ``TMP
 * **local-warm**: node A again: vLLM loads its own compiled model (what a pod that kept its disk gets).
 * **kcache-warm**: a fresh node, kcache on: kcache installs A's entry, vLLM loads it.
 
-Timed: the engine's init (``LLM(...)`` returning: model load, compile or AOT load, KV cache, warmup)
-and the first token of a one-token request after it. The warm kinds alternate over fresh nodes;
+Timed: the engine's init (``LLM(...)`` returning: three interpreters' start and imports, model
+load, compile or AOT load, KV cache, warmup), vLLM's own figure for the compile or AOT load in it
+(its "init engine ... (compilation: N s)" line) and the first token of a one-token request after
+it. The warm kinds alternate over fresh nodes;
 medians. Run with the vLLM environment's interpreter:
 
     scripts/vllm_env.sh python -m bench.vllm_cpu [--repeats 3]
@@ -31,8 +33,10 @@ from kcache_testkit.vllm_nodes import LOADED, SAVED, EngineRun, make_model, run_
 def _row(name: str, runs: list[EngineRun]) -> dict[str, Any]:
     init = [r.init_s for r in runs]
     first = [r.first_token_s for r in runs]
-    return {"name": name, "init_s": init, "first_token_s": first,
-            "median_init_s": common.median(init), "median_first_token_s": common.median(first)}
+    compile_s = [r.compile_s or 0.0 for r in runs]
+    return {"name": name, "init_s": init, "first_token_s": first, "compile_s": compile_s,
+            "median_init_s": common.median(init), "median_first_token_s": common.median(first),
+            "median_compile_s": common.median(compile_s)}
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -64,18 +68,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     rows = [_row("cold", [cold]), _row("local-warm", local), _row("kcache-warm", kcache)]
     by = {r["name"]: r for r in rows}
     print(f"\nvLLM engine start, CPU (s; median of {args.repeats} for the warm kinds)")
-    print(f"  {'engine':<13}{'init':>8}{'1st token':>11}  init runs")
+    print(f"  {'engine':<13}{'init':>8}{'compile':>9}{'1st token':>11}  init runs; compile runs")
     for row in rows:
         runs = ", ".join(f"{t:.1f}" for t in row["init_s"])
-        print(f"  {row['name']:<13}{row['median_init_s']:>8.1f}{row['median_first_token_s']:>11.3f}  {runs}")
+        compiles = ", ".join(f"{t:.1f}" for t in row["compile_s"])
+        print(f"  {row['name']:<13}{row['median_init_s']:>8.1f}{row['median_compile_s']:>9.1f}"
+              f"{row['median_first_token_s']:>11.3f}  {runs}; {compiles}")
     ratios = {
         "cold_to_kcache_warm_init": by["cold"]["median_init_s"] / by["kcache-warm"]["median_init_s"],
         "kcache_warm_to_local_warm_init": by["kcache-warm"]["median_init_s"] / by["local-warm"]["median_init_s"],
+        "cold_to_kcache_warm_compile": by["cold"]["median_compile_s"] / max(by["kcache-warm"]["median_compile_s"], 1e-3),
+        "kcache_warm_to_local_warm_compile": by["kcache-warm"]["median_compile_s"] / max(by["local-warm"]["median_compile_s"], 1e-3),
         "cold_to_kcache_warm_first_token": by["cold"]["median_first_token_s"] / by["kcache-warm"]["median_first_token_s"],
     }
-    print(f"\ncold / kcache-warm (init)        = {ratios['cold_to_kcache_warm_init']:.2f}x")
-    print(f"kcache-warm / local-warm (init)  = {ratios['kcache_warm_to_local_warm_init']:.2f}")
-    print(f"cold / kcache-warm (1st token)   = {ratios['cold_to_kcache_warm_first_token']:.2f}x")
+    print(f"\ncold / kcache-warm (init)           = {ratios['cold_to_kcache_warm_init']:.2f}x")
+    print(f"kcache-warm / local-warm (init)     = {ratios['kcache_warm_to_local_warm_init']:.2f}")
+    print(f"cold / kcache-warm (compile)        = {ratios['cold_to_kcache_warm_compile']:.2f}x")
+    print(f"kcache-warm / local-warm (compile)  = {ratios['kcache_warm_to_local_warm_compile']:.2f}")
+    print(f"cold / kcache-warm (1st token)      = {ratios['cold_to_kcache_warm_first_token']:.2f}x")
     result = {"machine": common.machine(), "repeats": args.repeats, "rows": rows, "ratios": ratios}
     common.write_result("vllm_cpu", result)
     return result

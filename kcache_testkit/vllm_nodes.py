@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -69,6 +70,13 @@ class EngineRun:
 
     def lines(self, needle: str) -> list[str]:
         return [ln for ln in self.log.splitlines() if needle in ln]
+
+    @property
+    def compile_s(self) -> float | None:
+        """vLLM's own figure for the compile (or the AOT load) of the engine's start: the
+        "(compilation: N s)" of its "init engine ... took" line."""
+        found = re.search(r"init engine .* took [0-9.]+ s \(compilation: ([0-9.]+) s\)", self.log)
+        return float(found.group(1)) if found else None
 
 
 def node_env(node: Node, **settings: str) -> dict[str, str]:

