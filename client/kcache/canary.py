@@ -90,6 +90,7 @@ _served = threading.local()  # the FX entry kcache last handed to Inductor on th
 _pending_fx: dict[str, _ServedGraph] = {}  # Inductor's graph key -> the served graph under audit
 _pending_kernels: dict[str, bytes] = {}  # kernel key -> the served pack under audit
 _decided: set[tuple[str, str]] = set()  # keys sampled or passed over: once per process
+_retried: set[str] = set()  # graph keys under audit asked for again (AOTAutograd's retry)
 
 
 def reset() -> None:
@@ -98,6 +99,7 @@ def reset() -> None:
         _pending_fx.clear()
         _pending_kernels.clear()
         _decided.clear()
+        _retried.clear()
     _served.entry = None
 
 
@@ -144,8 +146,16 @@ def fx_lookup(answer: Any, key: str) -> Any:
         return answer
     with _lock:
         under_audit = key in _pending_fx
-    if under_audit:  # asked again before its compile was compared (AOTAutograd's retry)
+        first_retry = under_audit and key not in _retried
+        if first_retry:
+            _retried.add(key)
+        elif under_audit:  # asked a third time, never compiled: the audit is given up, the hit used
+            del _pending_fx[key]
+    if first_retry:  # asked again before its compile was compared (AOTAutograd's retry)
         return None, {**info, "cache_state": "miss"}
+    if under_audit:
+        rt.stats.verify("audit_skipped", "fx-graph: Inductor did not compile the audited graph")
+        return answer
     if served is None or graph_key(served[0]) != key:
         return answer  # a hit of Inductor's own local cache: this node's compile
     if not _sampled(rt, FX_GRAPH, key):
