@@ -324,7 +324,7 @@ from hatchling.build import build_wheel
 print(build_wheel(sys.argv[1]))' "$WORK/wheel") || return 1
     "$PY" - "$WORK/wheel" <<'PYEOF'
 import glob, sys, zipfile
-(whl,) = glob.glob(sys.argv[1] + "/kcache-*.whl")
+(whl,) = glob.glob(sys.argv[1] + "/kcache_server-*.whl")
 names = zipfile.ZipFile(whl).namelist()
 z = zipfile.ZipFile(whl)
 for pkg in ("kcache_server/server.py", "kcache_server/app.py", "kcache/cli.py", "kcache_schemas/__init__.py"):
