@@ -327,7 +327,7 @@ import glob, sys, zipfile
 (whl,) = glob.glob(sys.argv[1] + "/kcache_server-*.whl")
 names = zipfile.ZipFile(whl).namelist()
 z = zipfile.ZipFile(whl)
-for pkg in ("kcache_server/server.py", "kcache_server/app.py", "kcache/cli.py", "kcache_schemas/__init__.py"):
+for pkg in ("kcache_server/server.py", "kcache_server/app.py", "kcache/cli/commands.py", "kcache_schemas/__init__.py"):
     assert pkg in names, f"{pkg} missing from {whl}"
 (meta,) = [n for n in names if n.endswith(".dist-info/METADATA")]
 (eps,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]

@@ -217,7 +217,7 @@ def new_client(url: str, namespace: str = "default", timeout_s: float = 60.0) ->
     import dataclasses
 
     from kcache.config import ClientConfig
-    from kcache.http import KcacheClient
+    from kcache.transport.http import KcacheClient
 
     config = ClientConfig(url=url, namespace=namespace)
     return KcacheClient(dataclasses.replace(config, read_timeout_s=timeout_s, connect_timeout_s=10.0))

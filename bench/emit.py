@@ -40,7 +40,7 @@ def _dest(name: str) -> Path:
 
 def pull(client: Any, keys: list[str], dest: Path) -> int:
     """``kcache pull KEY...``: batch-get, verify and emit each pack; returns kernels emitted."""
-    from kcache.emitter import EmitOutcome, emit_pack
+    from kcache.store.emitter import EmitOutcome, emit_pack
 
     emitted = 0
     for key, pack in client.batch_get(keys):

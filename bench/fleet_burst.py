@@ -1,6 +1,6 @@
 """A fleet starts at once: M fresh nodes prefetch one workload from the service tier (issue #31).
 
-Each simulated node does what kcache's prefetch does on a fresh node (``kcache.workload``): its
+Each simulated node does what kcache's prefetch does on a fresh node (``kcache.transport.workload``): its
 ``--procs`` processes (ranks) each read the workload's manifest, one of them (the node's claim
 holder) downloads the kernel packs and cache entries, the others read them from the node's local
 tier (``tests/test_node_fetch_once.py`` proves real processes do that). The downloads are the
@@ -90,8 +90,8 @@ WORKLOAD = "fleet-burst"
 MB = 1e6
 BUCKET = "kcache-fleet"
 _TAR_BLOCK = 512
-_ENTRY_FETCHES = 8  # kcache.workload: entries (and presigned packs) 8 at a time
-# A body must flow at this rate to earn time beyond the deadline (kcache.http._MIN_RATE).
+_ENTRY_FETCHES = 8  # kcache.transport.workload: entries (and presigned packs) 8 at a time
+# A body must flow at this rate to earn time beyond the deadline (kcache.transport.http._MIN_RATE).
 _MIN_RATE = 1 << 20
 
 
@@ -177,7 +177,7 @@ def make_workload(profile: Profile) -> Workload:
 def node_fingerprint(root: Path) -> dict[str, Any]:
     """The environment fingerprint a job interpreter computes (what it asks the workload for)."""
     env = Node(root / "fingerprint").env()
-    out = subprocess.run([sys.executable, "-c", "from kcache.fingerprint import current; print(current().model_dump_json())"],
+    out = subprocess.run([sys.executable, "-c", "from kcache.store.fingerprint import current; print(current().model_dump_json())"],
                          env=env, capture_output=True, text=True, check=True)
     return dict(json.loads(out.stdout))
 
@@ -304,7 +304,7 @@ def _error_kind(exc: BaseException) -> str:
 
 
 class SimNode:
-    """One fresh node's prefetch over the wire, as kcache.workload does it."""
+    """One fresh node's prefetch over the wire, as kcache.transport.workload does it."""
 
     def __init__(self, api_url: str | None, fingerprint: str, procs: int, want: dict[tuple[str, str], str],
                  deadlines: Deadlines, direct: dict[tuple[str, str], str] | None = None) -> None:
@@ -313,7 +313,7 @@ class SimNode:
         self.r = NodeResult()
 
     async def run(self) -> NodeResult:
-        limits = httpx.Limits(max_connections=16, max_keepalive_connections=8)  # kcache.http's pool
+        limits = httpx.Limits(max_connections=16, max_keepalive_connections=8)  # kcache.transport.http's pool
         t0 = time.perf_counter()
         async with httpx.AsyncClient(base_url=self.api_url or "", timeout=self.deadlines.timeout(), limits=limits,
                                      follow_redirects=True) as api, \
@@ -430,7 +430,7 @@ class SimNode:
         self._check(ref, data)
 
     async def _batch_get(self, api: httpx.AsyncClient, keys: list[str]) -> None:
-        """The tar stream, parsed as it arrives; as kcache.http.batch_get, a dropped connection
+        """The tar stream, parsed as it arrives; as kcache.transport.http.batch_get, a dropped connection
         or a 5xx is retried once for the packs that did not arrive, a timeout is not."""
         todo = list(keys)
         for attempt in range(1 + self.deadlines.retries):

@@ -19,7 +19,7 @@ on the same machine:
                      originals, ``~/.nv/ComputeCache`` (the CUDA driver's JIT cache, per HOME).
 
 With Dynamo's precompile cache on (``TORCH_CACHING_PRECOMPILE=1``, the user's opt-in; kcache's
-``dynamo`` layer serves its packages, ``client/kcache/dynamo_cache.py``), against a second
+``dynamo`` layer serves its packages, ``client/kcache/layers/dynamo/packages.py``), against a second
 service of their own (so populate and populate-precompile both compile cold):
 
 * ``populate-precompile``    kcache on, a fresh node, its own workload: compiles, and kcache saves

@@ -116,6 +116,6 @@ def run_engine(node: Node, model: Path, timeout: float = 900, expect_failure: bo
 def _stats(path: Path) -> dict[str, Any]:
     if not path.is_dir() or not any(path.glob("*.json")):
         return {}
-    from kcache.stats import load_stats
+    from kcache.store.counters import load_stats
 
     return load_stats(path).model_dump(mode="json")

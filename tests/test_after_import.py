@@ -1,4 +1,4 @@
-"""kcache.after_import: hooks that wait for a module torch is still importing."""
+"""kcache.host.after_import: hooks that wait for a module torch is still importing."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
-from kcache.after_import import call_after_import
+from kcache.host.after_import import call_after_import
 
 
 @pytest.fixture
@@ -49,7 +49,7 @@ def test_a_module_being_imported_is_called_back_once_it_is_complete(modules) -> 
         "kc_half",
         """
         import sys
-        from kcache.after_import import call_after_import
+        from kcache.host.after_import import call_after_import
         SEEN = []
         call_after_import(__name__, lambda m: SEEN.append(hasattr(m, "predicate")))
         assert SEEN == []  # not yet: the body is still running
@@ -74,7 +74,7 @@ def test_a_hook_that_fires_on_another_modules_import_never_hides_that_modules_ow
     modules(
         "kc_mid",
         """
-        from kcache.after_import import call_after_import
+        from kcache.host.after_import import call_after_import
         SEEN = []
         call_after_import("kc_pending", lambda m: SEEN.append(("pending", m.Y)))
         call_after_import(__name__, lambda m: SEEN.append(("mid", hasattr(m, "done"))))

@@ -99,11 +99,11 @@ def test_import_torch_alone_installs_nothing_until_the_bundler_is_imported(tmp_p
     pytest.importorskip("torch")
     out = probe(tmp_path, "torch", "torch._inductor.triton_bundler", KCACHE_URL=dead_url)
     after_torch = out["torch"]
-    assert "kcache.bundler_hooks" not in after_torch["modules"]
+    assert "kcache.layers.inductor.triton_bundler" not in after_torch["modules"]
     assert not top(after_torch["modules"]) & {"httpx", "kcache_schemas"}, after_torch["modules"]
 
     after_bundler = out["torch._inductor.triton_bundler"]
-    assert set(after_bundler["hooks"].values()) == {"kcache.bundler_hooks"}, after_bundler["hooks"]
+    assert set(after_bundler["hooks"].values()) == {"kcache.layers.inductor.triton_bundler"}, after_bundler["hooks"]
     assert after_bundler["runtime_url"] == dead_url
     assert "httpx" in top(after_bundler["modules"])
     assert "Traceback" not in out["stderr"]
@@ -115,7 +115,7 @@ def test_a_triton_user_records_kernel_key_parts_and_a_local_hit_never_loads_the_
     pytest.importorskip("triton")
     out = probe(tmp_path, "triton", "kcache.triton_manager", KCACHE_URL=dead_url)
     after_triton = out["triton"]
-    assert after_triton["key_hook"] == "kcache.kernel_key_parts"
+    assert after_triton["key_hook"] == "kcache.layers.triton.kernel_key_parts"
     assert not top(after_triton["modules"]) & {"httpx", "pydantic", "kcache_schemas"}, after_triton["modules"]
     assert not top(out["kcache.triton_manager"]["modules"]) & {"httpx", "pydantic"}, out["kcache.triton_manager"]["modules"]
     assert "Traceback" not in out["stderr"]
@@ -143,7 +143,7 @@ import sys
 import torch._inductor.triton_bundler as tb
 from kcache.current import get_runtime
 assert tb.TritonBundler.__dict__["collect"].__func__.__module__ == "torch._inductor.triton_bundler"
-from kcache import triton_manager
+from kcache.layers.triton import cache_manager as triton_manager
 assert triton_manager._runtime() is None  # Triton's cache manager, if the user set it: local only
 print("OK", get_runtime())
 """

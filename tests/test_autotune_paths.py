@@ -4,7 +4,7 @@ A statically launched autotuner from an FX-graph entry names the producer's kern
 path, and Inductor's local autotune cache is keyed by that path's directory: a fresh node on the
 producer's host read the producer's ``.best_config`` files and never asked kcache (seen on an
 H100 with torch 2.11: 18 of 18 autotune entries prefetched and unused; on another host all 18
-asked). ``kcache.autotune_paths`` keys the local cache by the node's own dir. The nodes here are
+asked). ``kcache.layers.inductor.autotune_paths`` keys the local cache by the node's own dir. The nodes here are
 real interpreters (``tests/autotune_job.py``) with their own HOME/TMPDIR on one host, calling
 Inductor's real ``check_autotune_cache``/``AutotuneCache`` (CPU: nothing is benchmarked).
 """
@@ -72,7 +72,7 @@ def test_a_warm_node_on_the_producers_host_asks_kcache_for_the_autotune_winner(l
 
 
 def test_own_dir() -> None:
-    from kcache.autotune_paths import own_dir
+    from kcache.layers.inductor.autotune_paths import own_dir
 
     assert own_dir("/tmp/me/inductor/ab", "/tmp/me/inductor") == "/tmp/me/inductor/ab"
     assert own_dir("/tmp/me/inductor/deep/er", "/tmp/me/inductor/") == "/tmp/me/inductor/deep/er"

@@ -15,10 +15,10 @@ torch = pytest.importorskip("torch")
 
 pytestmark = pytest.mark.torch
 import kcache  # noqa: E402
-from kcache.bundler_hooks import _kernel_artifacts, _with_kernels  # noqa: E402
 from kcache.config import ClientConfig  # noqa: E402
 from kcache.current import get_runtime  # noqa: E402
-from kcache.http import KcacheClient  # noqa: E402
+from kcache.layers.inductor.triton_bundler import _kernel_artifacts, _with_kernels  # noqa: E402
+from kcache.transport.http import KcacheClient  # noqa: E402
 from kcache_schemas.pack import read_kernel_dir  # noqa: E402
 from torch._inductor import config as inductor_config  # noqa: E402
 from torch._inductor.triton_bundler import TritonBundler  # noqa: E402

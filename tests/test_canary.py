@@ -23,8 +23,8 @@ from typing import Any
 
 import httpx
 import pytest
-from kcache.cli import main as kcache_main
-from kcache.stats import load_stats
+from kcache.cli.commands import main as kcache_main
+from kcache.store.counters import load_stats
 from kcache_schemas.canary import UnsoundReport
 
 from kcache_testkit.nodes import Node

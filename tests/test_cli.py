@@ -22,8 +22,8 @@ import httpx
 import pytest
 import tomllib
 from kcache import __version__
-from kcache.cli import main
-from kcache.stats import Stats, write_stats
+from kcache.cli.commands import main
+from kcache.store.counters import Stats, write_stats
 from kcache_schemas.models import EnvFingerprint, WorkloadManifest
 
 from kcache_testkit.pace import HANG_S
@@ -83,7 +83,7 @@ def test_no_doc_or_message_installs_our_names_from_the_registry() -> None:
                 if "@" not in args and any(OUR_NAMES.match(arg) for arg in args):  # `name @ git+URL`: not the registry
                     wrong.append(f"{path.relative_to(REPO)}:{n}: {line.strip()}")
     assert wrong == []
-    from kcache.cli import SERVER_INSTALL_HINT
+    from kcache.cli.commands import SERVER_INSTALL_HINT
 
     assert "not on PyPI yet" in SERVER_INSTALL_HINT and "pip install <checkout>" in SERVER_INSTALL_HINT
     readme = (REPO / "README.md").read_text()
@@ -189,8 +189,8 @@ def test_compile_time_saved_is_the_largest_layer_not_the_sum_of_nested_layers(ca
 def test_a_hit_credits_the_same_saved_time_from_the_service_and_from_the_local_tier(live_service, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """Before: the same hit credited 15.9 s in one run (from the service, whose header carries the
     producer's time) and 0.0 s in the next (from the node's local tier, which has no header)."""
-    from kcache import fx_graph_entries
     from kcache.config import ClientConfig
+    from kcache.layers.inductor import fx_graph_entries
     from kcache.runtime import Runtime
 
     inductor_json = json.dumps({"data": base64.b64encode(b"graph").decode(), "time_taken_ms": 4200}).encode()
@@ -496,7 +496,7 @@ def test_local_tier_scan_and_a_delete_that_asks_first(capsys: pytest.CaptureFixt
     plan and needs ``--yes`` or a yes at the prompt."""
     import os
 
-    from kcache.local_store import LocalEntryStore
+    from kcache.store.local_store import LocalEntryStore
 
     root = tmp_path / "tier"
     prod, staging = "http://kcache.prod:8765", "http://kcache.staging:8765"
@@ -547,8 +547,8 @@ class _Terminal(io.StringIO):
 def test_warm_shows_progress_on_a_terminal_and_gc_shows_the_wait(monkeypatch: pytest.MonkeyPatch, live_service, cache_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
     """Before: ``warm`` and ``gc`` said nothing until they were done (minutes for a large
     workload, or a GC on S3). On a terminal: a progress line; in logs and pipes: none."""
-    from kcache.fingerprint import current
-    from kcache.progress import Waiting
+    from kcache.cli.progress import Waiting
+    from kcache.store.fingerprint import current
 
     remote = ("--url", live_service.url)
     assert cli(capsys, "push", str(cache_dir), *remote)[0] == 0
@@ -607,8 +607,8 @@ def test_every_argument_of_every_command_has_help() -> None:
     """Before: ``--json`` and positional arguments without help text."""
     import argparse
 
-    from kcache.cli import build_parser
-    from kcache.completion import _paths
+    from kcache.cli.commands import build_parser
+    from kcache.cli.completion import _paths
 
     bare = [f"{' '.join(path) or 'kcache'} {a.option_strings or a.dest}" for path, p in _paths(build_parser()).items()
             for a in p._actions if not a.help and not isinstance(a, argparse._SubParsersAction)]
@@ -620,7 +620,7 @@ def test_every_kcache_command_the_docs_show_parses() -> None:
     today's CLI (a renamed option or command fails here, not in a reader's shell)."""
     import shlex
 
-    from kcache.cli import build_parser
+    from kcache.cli.commands import build_parser
 
     parser = build_parser()
     shown = []

@@ -103,7 +103,7 @@ def run(venv: Path, *args: str, cwd: Path, **env: str) -> subprocess.CompletedPr
 def test_installs_alone_without_service_or_torch_dependencies(client_venv: Path, tmp_path: Path) -> None:
     script = (
         "import importlib.util, json, sys\n"
-        "import kcache, kcache_schemas, kcache.http, kcache.runtime, kcache.cli, kcache.emitter\n"
+        "import kcache, kcache_schemas, kcache.transport.http, kcache.runtime, kcache.cli, kcache.store.emitter\n"
         f"absent = {NOT_INSTALLED!r}\n"
         "print(json.dumps({'present': [m for m in absent if importlib.util.find_spec(m) is not None],"
         " 'file': kcache.__file__, 'prefix': sys.prefix, 'base': sys.base_prefix}))\n"
@@ -182,8 +182,8 @@ def test_ed25519_keys_without_cryptography_refuse_every_entry_upload_none_and_wa
     unsigned or unchecked gets through, nothing unsigned goes up), one warning, the job goes on."""
     import httpx
     from kcache.config import ClientConfig
-    from kcache.http import KcacheClient
-    from kcache.signing import EntrySigning, generate_key_pair
+    from kcache.transport.entry_signing import EntrySigning, generate_key_pair
+    from kcache.transport.http import KcacheClient
 
     pem, public_line, _ = generate_key_pair("producer")  # made where cryptography is installed
     (tmp_path / "k.key").write_bytes(pem)

@@ -1,4 +1,4 @@
-"""kcache.coordesc_reuse: a warm start uses the coordinate-descent winner the autotune cache holds.
+"""kcache.layers.inductor.coordesc_reuse: a warm start uses the coordinate-descent winner the autotune cache holds.
 
 The cache entries are written and read by Inductor's own AutotuneCache (local ``.best_config``
 files) and rechecked by torch's real ``CachingAutotuner.recheck_autotune_cache``. The CPU build
@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 pytest.importorskip("torch")
-from kcache import coordesc_reuse
+from kcache.layers.inductor import coordesc_reuse
 from torch._inductor.runtime import triton_heuristics as th
 from torch._inductor.runtime.autotune_cache import AutotuneCache
 from torch._inductor.runtime.runtime_utils import triton_config_to_hashable
@@ -223,7 +223,7 @@ def test_kcache_install_switches_it_on_and_uninstall_off(monkeypatch) -> None:
     original = th.CachingAutotuner.recheck_autotune_cache
     assert kcache.install(url="http://127.0.0.1:9")  # nothing listens there: the hooks go in regardless
     try:
-        assert th.CachingAutotuner.recheck_autotune_cache.__module__ == "kcache.coordesc_reuse"
+        assert th.CachingAutotuner.recheck_autotune_cache.__module__ == "kcache.layers.inductor.coordesc_reuse"
     finally:
         kcache.uninstall()
     assert th.CachingAutotuner.recheck_autotune_cache is original

@@ -206,7 +206,7 @@ def test_dashboard_in_chromium(tmp_path: Path, real_kernel_dirs: list[Path]) -> 
 
     sync_playwright = _browser_or_skip()
     from kcache.config import ClientConfig
-    from kcache.signing import EntrySigning, generate_key_pair
+    from kcache.transport.entry_signing import EntrySigning, generate_key_pair
     from playwright.sync_api import expect
 
     write = {"Authorization": f"Bearer {WRITE_TOKEN}"}
@@ -224,7 +224,7 @@ def test_dashboard_in_chromium(tmp_path: Path, real_kernel_dirs: list[Path]) -> 
         for key, pack in packs.items():
             assert httpx.put(f"{svc.url}/v1/default/kernels/{key}", content=pack, headers=write).status_code == 201
         keys = sorted(packs)
-        # A key a node's canary found unsound (kcache.canary): listed with what differed and the suspects.
+        # A key a node's canary found unsound (kcache.layers.key_canary): listed with what differed and the suspects.
         from kcache_schemas.canary import UnsoundReport
         from kcache_schemas.explain import Change, KeyComponents
 

@@ -1,5 +1,5 @@
 """The ``dynamo`` layer: Dynamo's precompile packages (``TORCH_CACHING_PRECOMPILE=1``) served
-fleet-wide, so a fresh node skips Dynamo tracing too (``kcache.dynamo_cache``).
+fleet-wide, so a fresh node skips Dynamo tracing too (``kcache.layers.dynamo.packages``).
 
 The end-to-end test runs a user's job (``tests/dynamo_job.py``) as fresh interpreters in the
 user's default environment (``tests/test_host_safety.py``'s ``Node``: own HOME and TMPDIR, no
@@ -26,9 +26,9 @@ torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.torch
 pytest_plugins = ["live"]
 
-from kcache import dynamo_entries  # noqa: E402
 from kcache.config import ClientConfig  # noqa: E402
-from kcache.http import KcacheClient  # noqa: E402
+from kcache.layers.dynamo import entries as dynamo_entries  # noqa: E402
+from kcache.transport.http import KcacheClient  # noqa: E402
 from kcache_schemas import signature as envelope  # noqa: E402
 from kcache_schemas.signature import is_signed  # noqa: E402
 
@@ -148,7 +148,8 @@ def test_the_key_follows_what_the_package_depends_on(live_service, precompile_on
     """``torch.compile`` asks DynamoCache for a package when it wraps a function (no compile
     here): kcache asks the service (a miss) under a key made of what must match. The same
     function and options ask one key; another mode, another model shape, another GPU do not."""
-    from kcache import dynamo_cache, fingerprint
+    from kcache.layers.dynamo import packages as dynamo_cache
+    from kcache.store import fingerprint
 
     rt = _install(live_service.url, tmp_path)
     asked: list[str] = []
@@ -204,7 +205,7 @@ def test_an_incomplete_package_is_neither_uploaded_nor_written_for_torch(live_se
     bypassed. kcache's save at exit neither uploads it nor leaves it in torch's dir: torch 2.11
     fails to load such a package (``assert name not in scope`` in ``install_global``, seen on the
     H100), where without one it compiles."""
-    from kcache import dynamo_cache
+    from kcache.layers.dynamo import packages as dynamo_cache
 
     rt = _install(live_service.url, tmp_path, mode="readwrite")
     torch.compile(_double)(torch.randn(4))  # complete: an inference graph, saved at once
@@ -269,7 +270,7 @@ def test_a_package_torch_cannot_load_is_quarantined_and_the_job_goes_on(live_ser
     when unpickled, as torch 2.11's did for a transformers BERT). The fresh node that fetches it
     exits 0 with the output of a compile, says so once, and the service takes the entry out of
     service: a third node never receives it. Before kcache checked packages, node B died."""
-    from kcache.errors import Quarantined
+    from kcache.exceptions import Quarantined
 
     fleet = {"KCACHE_URL": live_service.url, "KCACHE_WORKLOAD": "precompiled-bad"}
     a, client, key = _populate_and_break(live_service, tmp_path, fleet)
@@ -311,7 +312,7 @@ def test_torch_failing_on_a_package_kcache_supplied_compiles_as_on_a_miss(live_s
     fleet = {"KCACHE_URL": live_service.url, "KCACHE_WORKLOAD": "precompiled-bad"}
     a, client, key = _populate_and_break(live_service, tmp_path, fleet)
 
-    skip_check = "import kcache.dynamo_cache as d; d.unloadable = lambda *args, **kwargs: None"
+    skip_check = "import kcache.layers.dynamo.packages as d; d.unloadable = lambda *args, **kwargs: None"
     b = run_node(Node(tmp_path / "b"), prelude=skip_check, **fleet)
     assert (b["out"], b["grad"]) == (a["out"], a["grad"])
     assert b["dynamo_cache"] == {"dynamo_cache_hit": 1, "dynamo_cache_miss": 1}, "torch loaded it, failed, then compiled"
@@ -339,7 +340,7 @@ def test_a_package_torch_cannot_load_is_not_uploaded(live_service, precompile_on
     import logging
 
     import torch._dynamo.package as package
-    from kcache import dynamo_cache
+    from kcache.layers.dynamo import packages as dynamo_cache
 
     rt = _install(live_service.url, tmp_path, mode="readwrite")
     torch.compile(_double)(torch.randn(4))
@@ -359,7 +360,7 @@ def test_a_package_torch_cannot_load_is_not_uploaded(live_service, precompile_on
     assert len(said) == 1 and "DefaultsSource" in said[0], said
 
 
-# ---- serve a package only where it pays (kcache.dynamo_payoff) ------------------------------------
+# ---- serve a package only where it pays (kcache.layers.dynamo.payoff) ------------------------------------
 
 
 def _the_package_key(client: KcacheClient, workload: str) -> str:
@@ -378,7 +379,7 @@ def test_a_package_dynamo_traces_again_is_served_to_no_other_node(live_service, 
     raised ``AssertionError: Name '__builtins_dict___1' already exists in scope`` and the job
     died), B says once that the package did not pay, and the service takes it out of service:
     no other node receives it."""
-    from kcache.errors import Quarantined
+    from kcache.exceptions import Quarantined
 
     fleet = {"KCACHE_URL": live_service.url, "KCACHE_WORKLOAD": "precompiled-retrace"}
     a = run_node(Node(tmp_path / "a"), **fleet)
@@ -445,8 +446,8 @@ def test_stats_keep_the_largest_torch_timers_the_document_holds() -> None:
     """A node that loads a Dynamo package and then traces again runs more distinct torch timers
     than the stats document holds (64): kcache wrote no stats at all there ("could not collect
     stats at exit"); now it keeps the largest."""
-    from kcache.phases import torch_phases
-    from kcache.stats import Stats
+    from kcache.reporting.torch_phases import torch_phases
+    from kcache.store.counters import Stats
     from torch._dynamo.utils import compilation_time_metrics
 
     added = {f"kcache_test_timer_{i}": [float(i + 1)] for i in range(70)}

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 import triton
-from kcache.cli import main as cli
-from kcache.emitter import EmitOutcome, clean_stale, emit_pack, is_complete
+from kcache.cli.commands import main as cli
+from kcache.store.emitter import EmitOutcome, clean_stale, emit_pack, is_complete
 from kcache_schemas.pack import pack_kernel_dir, read_kernel_dir, read_pack
 
 from kcache_testkit.corpus import _compile_env, cached_corpus, compile_small, corpus_specs
@@ -123,13 +123,13 @@ def test_stale_staging_dirs_are_cleaned_young_ones_kept(tmp_path: Path) -> None:
 
 def test_kernel_for_another_gpu_is_skipped(real_kernel_dirs, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # No GPU on CI machines: pretend the local device is an A100 (sm_80); the kernel is sm_90.
-    import kcache.emitter
+    import kcache.store.emitter
 
-    monkeypatch.setattr(kcache.emitter, "local_target", lambda: ("cuda", "80"))
+    monkeypatch.setattr(kcache.store.emitter, "local_target", lambda: ("cuda", "80"))
     _m, pack = pack_kernel_dir(real_kernel_dirs[0])
     assert emit_pack(tmp_path, pack) is EmitOutcome.SKIPPED_TARGET
     assert list(tmp_path.iterdir()) == []
-    monkeypatch.setattr(kcache.emitter, "local_target", lambda: ("cuda", "90"))
+    monkeypatch.setattr(kcache.store.emitter, "local_target", lambda: ("cuda", "90"))
     assert emit_pack(tmp_path, pack) is EmitOutcome.EMITTED
 
 
@@ -137,7 +137,7 @@ _EMIT_ALL = textwrap.dedent(
     """
     import random, sys
     from pathlib import Path
-    from kcache.emitter import emit_pack
+    from kcache.store.emitter import emit_pack
     dest, packs, seed = Path(sys.argv[1]), sorted(Path(sys.argv[2]).iterdir()), int(sys.argv[3])
     random.Random(seed).shuffle(packs)
     print("ready", flush=True)

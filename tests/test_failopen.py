@@ -22,9 +22,9 @@ import kcache
 import pytest
 from kcache.config import ClientConfig
 from kcache.current import get_runtime
-from kcache.emitter import EmitOutcome
-from kcache.http import KcacheClient
 from kcache.runtime import Runtime
+from kcache.store.emitter import EmitOutcome
+from kcache.transport.http import KcacheClient
 from kcache_schemas.keys import hex_to_kernel_key
 from kcache_schemas.stats import LayerCounts
 
@@ -336,8 +336,8 @@ def test_bundler_hooks_with_a_dead_service(
         rt = get_runtime()
         try:
             for name in ("begin_compile", "put", "collect"):
-                assert TritonBundler.__dict__[name].__func__.__module__ == "kcache.bundler_hooks", name
-            assert TritonBundler.__dict__["read_and_emit"].__func__.__module__ == "kcache.bundler_hooks"
+                assert TritonBundler.__dict__[name].__func__.__module__ == "kcache.layers.inductor.triton_bundler", name
+            assert TritonBundler.__dict__["read_and_emit"].__func__.__module__ == "kcache.layers.inductor.triton_bundler"
 
             dst = tmp_path / "dst"
             bundle, metadata, elapsed = run_bundler(src, dst, keys, monkeypatch)
@@ -376,14 +376,14 @@ def test_a_bug_in_recording_kernel_key_parts_never_reaches_the_compile(
 ) -> None:
     """The key-parts hook runs inside Triton's compile (``get_cache_key``) and on each miss of the
     cache manager: whatever it raises is one warning, and Triton compiles the kernel as always."""
-    from kcache import kernel_key_parts
+    from kcache.layers.triton import kernel_key_parts
 
     from kcache_testkit.corpus import compile_small
 
     def bug(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("a bug of ours")
 
-    from kcache import failopen
+    from kcache.host import failopen
 
     monkeypatch.setattr(failopen, "_warned", set())  # said once per process: this test's own
     monkeypatch.setattr(kernel_key_parts, broken, bug)

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 from kcache.config import ClientConfig
-from kcache.fx_graph_entries import MAGIC
-from kcache.http import KcacheClient
+from kcache.layers.inductor.fx_graph_entries import MAGIC
+from kcache.transport.http import KcacheClient
 
 from kcache_testkit.pace import HANG_S
 from kcache_testkit.service import with_testkit
@@ -117,7 +117,7 @@ def test_fresh_node_gets_remote_hits_and_a_warmed_node_needs_no_network(live_ser
     assert c["stats"]["fx-graph"]["errors"] == 0 and c["out"] == a["out"]
 
     # `kcache warm` ahead of time, then a node whose service is gone: no network needed at all.
-    from kcache.cli import main as cli
+    from kcache.cli.commands import main as cli
 
     d = tmp_path / "d"
     assert cli(["warm", "resnet-ish", "--url", live_service.url, "--local-dir", str(d / "kcache-local")]) == 0
@@ -161,7 +161,7 @@ def test_kernels_compiled_by_a_process_killed_without_exit_handlers_are_uploaded
     leave uploads queued in the background."""
     script = (
         "import os,sys,json\n"
-        "from kcache.uploader import Uploader\n"
+        "from kcache.transport.uploader import Uploader\n"
         "Uploader.submit = lambda self, item: False  # killed before a queued upload could run\n"
         "from kcache_testkit.corpus import compile_small\n"
         "dirs = compile_small(sys.argv[1], count=2)\n"
@@ -191,7 +191,7 @@ if sys.argv[1] == "no-compiler":
         raise RuntimeError("the C compiler was called")
     triton.knobs.build.impl = no_compiler
 if sys.argv[1] == "abrupt":  # the process will die before a queued upload could run: model that
-    from kcache.uploader import Uploader
+    from kcache.transport.uploader import Uploader
     Uploader.submit = lambda self, item: False
 module = compile_module_from_src(os.environ["PROBE_SRC"], "kcache_probe")
 if sys.argv[1] == "abrupt":  # as Inductor ends its compile workers: no atexit, no flush
@@ -243,7 +243,7 @@ def test_a_host_module_built_in_a_compile_worker_is_uploaded_before_the_worker_i
 
 
 def test_compile_worker_detection(monkeypatch: pytest.MonkeyPatch) -> None:
-    from kcache._process import in_inductor_compile_worker
+    from kcache.host.process_roles import in_inductor_compile_worker
 
     monkeypatch.setattr(sys, "argv", ["/venv/lib/python3.12/site-packages/torch/_inductor/compile_worker/__main__.py", "--pickler=x"])
     assert in_inductor_compile_worker()
@@ -254,9 +254,9 @@ def test_compile_worker_detection(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_ls_workloads_shows_environment_fingerprints(live_service, capsys: pytest.CaptureFixture[str]) -> None:
-    from kcache.cli import main as cli
-    from kcache.fingerprint import current
-    from kcache.workload import publish
+    from kcache.cli.commands import main as cli
+    from kcache.store.fingerprint import current
+    from kcache.transport.workload import publish
     from kcache_schemas.models import EnvFingerprint
 
     client = KcacheClient(ClientConfig(url=live_service.url))

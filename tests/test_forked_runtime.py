@@ -51,7 +51,7 @@ def test_a_forked_child_runs_its_own_runtime_and_hands_over_at_exit(live_service
                           capture_output=True, text=True, timeout=120)
     assert "EXIT 0 0" in proc.stdout, proc.stdout + proc.stderr
     from kcache.config import ClientConfig
-    from kcache.http import KcacheClient
+    from kcache.transport.http import KcacheClient
 
     client = KcacheClient(ClientConfig(url=live_service.url))
     for key in ("from-the-parent", "from-a-multiprocessing-child", "from-a-forked-child"):

@@ -10,9 +10,9 @@ import json
 import pickle
 
 import pytest
-from kcache import fx_graph_entries as fx
 from kcache.config import ClientConfig
-from kcache.http import KcacheClient
+from kcache.layers.inductor import fx_graph_entries as fx
+from kcache.transport.http import KcacheClient
 
 pytestmark = pytest.mark.torch
 

@@ -17,8 +17,10 @@ from kcache_testkit.pace import HANG_S
 torch = pytest.importorskip("torch")
 
 pytestmark = pytest.mark.torch
-from kcache import dirs, failopen, fx_graph_entries, patching  # noqa: E402
-from kcache.after_import import imported  # noqa: E402
+from kcache.host import failopen, patching  # noqa: E402
+from kcache.host.after_import import imported  # noqa: E402
+from kcache.layers.inductor import fx_graph_entries  # noqa: E402
+from kcache.store import kernel_dirs as dirs  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -143,7 +145,7 @@ def test_a_two_value_iterate_over_candidates_gets_two_value_candidates(monkeypat
 
 
 def test_a_tritonbundler_without_its_methods_is_left_alone(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    from kcache.bundler_hooks import PATCHES, install_bundler_hooks
+    from kcache.layers.inductor.triton_bundler import PATCHES, install_bundler_hooks
     from torch._inductor.triton_bundler import TritonBundler
 
     monkeypatch.delattr(TritonBundler, "read_and_emit")
@@ -155,7 +157,7 @@ def test_a_tritonbundler_without_its_methods_is_left_alone(monkeypatch: pytest.M
 
 
 def test_a_remote_cache_class_without_backend_override_is_not_served(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    from kcache.remote_cache import install_remote_caches, uninstall_remote_caches
+    from kcache.layers.inductor.remote_caches import install_remote_caches, uninstall_remote_caches
     from torch._inductor import remote_cache
 
     class NoOverride:  # a torch whose RemoteAutotuneCache has no hook for a backend
@@ -174,7 +176,7 @@ def test_a_remote_cache_class_without_backend_override_is_not_served(monkeypatch
 
 
 def test_the_recheck_wrapper_runs_torchs_recheck_even_when_kcaches_part_fails(monkeypatch: pytest.MonkeyPatch) -> None:
-    from kcache import coordesc_reuse
+    from kcache.layers.inductor import coordesc_reuse
     from torch._inductor.runtime import triton_heuristics as th
 
     calls: list[str] = []
@@ -209,7 +211,7 @@ def test_the_fingerprint_is_the_same_before_and_after_import_torch(tmp_path: Any
     import subprocess
 
     script = (
-        "import json, kcache.fingerprint as fp\n"
+        "import json, kcache.store.fingerprint as fp\n"
         "before = fp.current().model_dump(); fp.current.cache_clear()\n"
         "import torch\n"
         "after = fp.current().model_dump()\n"

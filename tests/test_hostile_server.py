@@ -26,8 +26,8 @@ from typing import Any
 import pytest
 import zstandard
 from kcache.config import ClientConfig
-from kcache.emitter import EmitOutcome
 from kcache.runtime import Runtime
+from kcache.store.emitter import EmitOutcome
 from kcache_schemas.pack import MANIFEST_NAME, MEDIA_TYPE
 
 from kcache_testkit.kernels import Kernel, real_kernels

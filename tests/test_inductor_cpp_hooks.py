@@ -1,4 +1,4 @@
-"""kcache's hooks on Inductor's C++ builds (kcache.inductor_cpp) in this process, on torch's real
+"""kcache's hooks on Inductor's C++ builds (kcache.layers.jit.inductor_cpp) in this process, on torch's real
 modules: installed and removed with kcache, only when the ``jit`` layer is served, fail-open
 around torch's own build, and no lookup for a module that is already there. The end-to-end
 behaviour (real compiles, two nodes, a service) is tests/test_jit_inductor_cpp.py."""
@@ -14,8 +14,8 @@ pytest_plugins = ["live"]
 
 torch = pytest.importorskip("torch")
 import kcache  # noqa: E402
-from kcache import failopen  # noqa: E402
 from kcache.current import get_runtime  # noqa: E402
+from kcache.host import failopen  # noqa: E402
 from torch._inductor import codecache, cpu_vec_isa  # noqa: E402
 
 from kcache_testkit.ports import free_port  # noqa: E402
@@ -113,10 +113,10 @@ def test_a_module_already_there_is_neither_looked_up_nor_built(dead_url: str, tm
 def test_explain_names_the_flag_that_made_a_module_miss(live_service, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """Two nodes build the same source, the second with another flag (in other dirs: paths are
     not part of the key): ``kcache explain`` names the command line, not the paths."""
-    from kcache import fingerprint
     from kcache.config import ClientConfig
-    from kcache.explain import explain_key
-    from kcache.http import KcacheClient
+    from kcache.reporting.explanations import explain_key
+    from kcache.store import fingerprint
+    from kcache.transport.http import KcacheClient
 
     def build(node: str, flags: str) -> str:
         root = tmp_path / node

@@ -1,4 +1,4 @@
-"""An extension's key follows the headers its sources include (kcache.jit_headers), end to end:
+"""An extension's key follows the headers its sources include (kcache.layers.jit.headers), end to end:
 sources in a user's checkout (``kcache_testkit/extension_sources.py``: ``ext.cpp`` includes
 ``kc_scale.h`` beside it, which includes ``include/kc_value.h``), built by torch's
 ``cpp_extension.load`` and by tvm-ffi's ``tvm_ffi.cpp.load``. Node A builds; node B (another

@@ -22,7 +22,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from kcache.config import ClientConfig  # noqa: E402
-from kcache.http import KcacheClient  # noqa: E402
+from kcache.transport.http import KcacheClient  # noqa: E402
 from kcache_schemas import jit  # noqa: E402
 from kcache_schemas.signature import is_signed  # noqa: E402
 

@@ -1,5 +1,5 @@
 """The ``jit`` layer's parts that need no compiler: the entry container (kcache_schemas.jit) and
-content keys (kcache.jit_keys): the same build at other paths has one key, anything a build is
+content keys (kcache.layers.jit.keys): the same build at other paths has one key, anything a build is
 made of changes it, and a miss names the part that changed."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import hashlib
 from pathlib import Path
 
 import pytest
-from kcache.jit_keys import PathNames, Step, build_key, compiler_identity
+from kcache.layers.jit.keys import PathNames, Step, build_key, compiler_identity
 from kcache_schemas import jit
 from kcache_schemas.explain import diff, from_parts
 
@@ -109,7 +109,7 @@ def test_input_files_are_keyed_by_content(tmp_path: Path) -> None:
     assert parts["step0.input0"][0] == digest
 
 
-# ---- included headers (kcache.jit_headers, through kcache.ninja_builds) ----------------------------
+# ---- included headers (kcache.layers.jit.headers, through kcache.layers.jit.ninja_builds) ----------------------------
 
 
 def _checkout(root: Path, value: int = 2) -> Path:
@@ -125,7 +125,7 @@ def _checkout(root: Path, value: int = 2) -> Path:
 
 
 def _ninja_key(root: Path) -> tuple[str, dict[str, tuple[str, str]]]:
-    from kcache.ninja_builds import build_key_of
+    from kcache.layers.jit.ninja_builds import build_key_of
 
     build = root / "home" / ".cache" / "ext"
     build.mkdir(parents=True)
@@ -152,7 +152,7 @@ def test_included_headers_are_keyed_by_content_not_path(tmp_path: Path) -> None:
 
 
 def test_a_header_included_twice_or_in_a_cycle_is_read_once(tmp_path: Path) -> None:
-    from kcache.jit_headers import SearchPath, included_headers
+    from kcache.layers.jit.headers import SearchPath, included_headers
 
     (tmp_path / "a.h").write_text('#include "b.h"\n#include "a.h"\n')
     (tmp_path / "b.h").write_text('#include "a.h"\n#include "missing.h"\n')
@@ -161,7 +161,7 @@ def test_a_header_included_twice_or_in_a_cycle_is_read_once(tmp_path: Path) -> N
 
 
 def test_the_search_path_follows_the_compiler_flags() -> None:
-    from kcache.jit_headers import search_path
+    from kcache.layers.jit.headers import search_path
 
     found = search_path(["-I/a", "-I", "/b", "-isystem", "/c", "-iquote", "/q", "-Irelative", "-idirafter", "/d", "-I/a"])
     assert list(found.quote) == ["/q"] and list(found.angle) == ["/a", "/b", "/c", "/d"]

@@ -1,4 +1,4 @@
-"""The ``jit`` layer's adapter for torch's extension JIT (kcache.torch_extensions) end to end: a
+"""The ``jit`` layer's adapter for torch's extension JIT (kcache.layers.jit.torch_extensions) end to end: a
 ``load_inline`` extension (``kcache_testkit/cpp_extension_job.py``) built with ninja by node A in
 its ``HOME``; node B (another ``HOME``: another build dir, no ninja log, other mtimes) loads it
 with no compiler run (a ``PATH`` shim records every one) and the same result. A library that does
@@ -17,7 +17,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from kcache.config import ClientConfig  # noqa: E402
-from kcache.http import KcacheClient  # noqa: E402
+from kcache.transport.http import KcacheClient  # noqa: E402
 from kcache_schemas import jit  # noqa: E402
 
 from kcache_testkit.cpu_jit import EXTENSION_JOB, JobRun, run_job  # noqa: E402

@@ -1,4 +1,4 @@
-"""The ``jit`` layer's adapter for tvm-ffi's JIT (kcache.tvm_ffi_jit, FlashInfer's builder) end to
+"""The ``jit`` layer's adapter for tvm-ffi's JIT (kcache.layers.jit.tvm_ffi, FlashInfer's builder) end to
 end: a ``tvm_ffi.cpp.load_inline`` module (``kcache_testkit/tvm_ffi_job.py``) built with ninja by
 node A in its ``HOME``; node B (another ``HOME``: another build dir, no ninja log, other mtimes)
 loads it with no compiler run (a ``PATH`` shim records every one) and the same result. A damaged
@@ -21,7 +21,7 @@ pytest.importorskip("tvm_ffi", reason="apache-tvm-ffi is not installed (it is in
 torch = pytest.importorskip("torch")  # tvm_ffi imports torch first when it is installed
 
 from kcache.config import ClientConfig  # noqa: E402
-from kcache.http import KcacheClient  # noqa: E402
+from kcache.transport.http import KcacheClient  # noqa: E402
 from kcache_schemas import jit  # noqa: E402
 from kcache_schemas.signature import is_signed  # noqa: E402
 from kcache_schemas.signature import parse as parse_envelope  # noqa: E402

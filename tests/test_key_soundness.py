@@ -13,10 +13,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from kcache.canary import normalise
-from kcache.cli import main as kcache_main
+from kcache.cli.commands import main as kcache_main
 from kcache.config import ClientConfig
-from kcache.errors import ConfigError
+from kcache.exceptions import ConfigError
+from kcache.layers.key_canary import normalise
 from kcache_schemas.canary import UnsoundReport, suspects
 from kcache_schemas.explain import (
     Component,

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 from kcache.config import DEFAULT_LOCAL_MAX_BYTES, ClientConfig, parse_bytes
-from kcache.errors import ConfigError
-from kcache.local_store import LocalEntryStore
+from kcache.exceptions import ConfigError
+from kcache.store.local_store import LocalEntryStore
 
 from kcache_testkit.pace import HANG_S
 
@@ -81,7 +81,7 @@ _WRITER = textwrap.dedent(
     import sys
     from pathlib import Path
     from test_local_store import payload
-    from kcache.local_store import LocalEntryStore
+    from kcache.store.local_store import LocalEntryStore
     store = LocalEntryStore(Path(sys.argv[1]), "ns", url="http://shared", max_bytes=int(sys.argv[2]))
     for i in range(int(sys.argv[3])):
         key = f"pt2:{sys.argv[4]}:{i}:c1"
@@ -141,7 +141,7 @@ def test_the_budget_setting(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> 
 HOLD_KEY_LOCK = """
 import sys, time
 from pathlib import Path
-from kcache.local_store import LocalEntryStore
+from kcache.store.local_store import LocalEntryStore
 lock = LocalEntryStore(Path(sys.argv[1]), "ns", url=sys.argv[2]).lock("fx-graph", "pt2:k:c1", 0)
 print("HELD" if lock.held else "NOT HELD", flush=True)
 time.sleep(3600)

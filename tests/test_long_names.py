@@ -14,9 +14,9 @@ import pickle
 from pathlib import Path
 
 import pytest
-from kcache.cli import main as cli
+from kcache.cli.commands import main as cli
 from kcache.config import ClientConfig
-from kcache.http import KcacheClient
+from kcache.transport.http import KcacheClient
 from kcache_schemas.pack import pack_kernel_dir, read_kernel_dir, read_pack
 
 from kcache_testkit.kernels import triton_cache_hits

@@ -50,7 +50,7 @@ _SENT = re.compile(r'^kcache_bytes_sent_total\{layer="([^"]+)"\} ([0-9.e+]+)$', 
 # process the test kills "halfway" (started without the .pth hook, then as the hook starts it).
 STALLING_PREFETCHER = """
 import sys, time
-from kcache.local_store import LocalEntryStore
+from kcache.store.local_store import LocalEntryStore
 put = LocalEntryStore.put
 def put_then_stall(self, layer, key, data):
     put(self, layer, key, data)

@@ -6,7 +6,7 @@ Real HTTP servers on loopback (``netfaults.FaultServer`` in ``http`` mode): one 
 service does with ``KCACHE_PRESIGNED_DOWNLOADS=true`` (a workload view saying
 ``X-Kcache-Downloads: presigned``, ``kernels:batch-urls``, a 307 per entry, ``kernels:batch-get``
 for what has no URL), the other as the object store. The client's real prefetch
-(``kcache.workload.pull_workload``) must take each pack from its URL, fall back to one batch-get
+(``kcache.transport.workload.pull_workload``) must take each pack from its URL, fall back to one batch-get
 for the keys without a URL and the URL that failed, follow the entry's redirect keeping the
 producer's compile time, never send its bearer token to the store, and never fetch a URL for a
 key it did not ask for. The real service and S3 are in tests/test_replicas.py.
@@ -22,10 +22,10 @@ from pathlib import Path
 
 import pytest
 from kcache.config import ClientConfig
-from kcache.fingerprint import current
-from kcache.http import KcacheClient
-from kcache.local_store import LocalEntryStore
-from kcache.workload import fetch_view, pull_workload
+from kcache.store.fingerprint import current
+from kcache.store.local_store import LocalEntryStore
+from kcache.transport.http import KcacheClient
+from kcache.transport.workload import fetch_view, pull_workload
 from kcache_schemas import wire
 
 from kcache_testkit.kernels import Kernel, large_pack, real_kernels

@@ -198,9 +198,9 @@ def test_a_damaged_service_copy_is_quarantined_a_damaged_local_one_only_dropped(
 
 
 def test_inspect_shows_a_quarantined_entry(live_service, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from kcache.cli import main
+    from kcache.cli.commands import main
     from kcache.config import ClientConfig
-    from kcache.http import KcacheClient
+    from kcache.transport.http import KcacheClient
 
     client = KcacheClient(ClientConfig(url=live_service.url))
     client.put_entry("dynamo", KEY, PAYLOAD)

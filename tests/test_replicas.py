@@ -21,9 +21,9 @@ import httpx
 import pytest
 import servers
 from kcache.config import ClientConfig
-from kcache.http import KcacheClient
-from kcache.local_store import LocalEntryStore
-from kcache.workload import fetch_view, publish, pull_workload
+from kcache.store.local_store import LocalEntryStore
+from kcache.transport.http import KcacheClient
+from kcache.transport.workload import fetch_view, publish, pull_workload
 from kcache_schemas import wire
 from kcache_schemas.pack import (
     MEDIA_TYPE,

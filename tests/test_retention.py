@@ -505,8 +505,8 @@ def test_a_full_namespace_refuses_uploads_but_never_opens_the_clients_breaker(tm
     """507 is the service answering: counting it as a failure opened the breaker after three
     refused uploads, and the job's reads stopped too."""
     from kcache.config import ClientConfig
-    from kcache.errors import StorageFull
-    from kcache.http import KcacheClient
+    from kcache.exceptions import StorageFull
+    from kcache.transport.http import KcacheClient
     from live import LiveService
 
     first = kernels[0]
@@ -598,7 +598,7 @@ def test_policy_merges_namespace_over_default() -> None:
 
 
 def test_cli_gc_prints_the_plan_then_runs_it_and_pins(tmp_path: Path, kernels: list[Kernel], capsys: pytest.CaptureFixture[str]) -> None:
-    from kcache.cli import main
+    from kcache.cli.commands import main
     from live import LiveService
 
     with LiveService(tmp_path / "svc") as svc:

@@ -13,10 +13,10 @@ from pathlib import Path
 import httpx
 import pytest
 from kcache import _autoload, config
-from kcache.cli import _age, _size, hit_rate_bar
+from kcache.cli.commands import _age, _size, hit_rate_bar
 from kcache.config import ClientConfig, settings_or_off
-from kcache.errors import ConfigError
-from kcache.stats import load_stats
+from kcache.exceptions import ConfigError
+from kcache.store.counters import load_stats
 from kcache_schemas.units import parse_bytes, parse_duration
 from kcache_server.retention import RetentionConfig
 from kcache_server.server import serve
@@ -172,7 +172,10 @@ def test_the_autoload_module_spells_modes_and_switches_as_config_does() -> None:
 @pytest.mark.torch
 def test_layers_kcache_layers_names_are_the_layers_kcache_serves() -> None:
     pytest.importorskip("torch")
-    from kcache import dynamo_cache, jit_layer, remote_cache, vllm_cache
+    from kcache.layers import vllm_compile_cache as vllm_cache
+    from kcache.layers.dynamo import packages as dynamo_cache
+    from kcache.layers.inductor import remote_caches as remote_cache
+    from kcache.layers.jit import layer as jit_layer
 
     assert set(config.SELECTABLE_LAYERS) == {*remote_cache.LAYERS, dynamo_cache.LAYER, jit_layer.LAYER, vllm_cache.LAYER}
 

@@ -21,10 +21,10 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 from kcache.config import ClientConfig
-from kcache.fingerprint import current
-from kcache.http import KcacheClient
 from kcache.runtime import Runtime
-from kcache.signing import LEGACY_HMAC_MAGIC, EntrySigning, _legacy_mac
+from kcache.store.fingerprint import current
+from kcache.transport.entry_signing import LEGACY_HMAC_MAGIC, EntrySigning, _legacy_mac
+from kcache.transport.http import KcacheClient
 from kcache_schemas import signature as envelope
 from kcache_schemas.signature import SignatureError
 from kcache_server.app import create_app
@@ -63,7 +63,7 @@ class KeyPair:
 @pytest.fixture(scope="module")
 def keys(tmp_path_factory: pytest.TempPathFactory) -> dict[str, KeyPair]:
     """Two producers' key pairs, made the way users make them: ``kcache keygen``."""
-    from kcache.cli import main as cli
+    from kcache.cli.commands import main as cli
 
     root = tmp_path_factory.mktemp("keys")
     pairs = {}
@@ -87,7 +87,7 @@ def runtimes() -> Iterator[list[Runtime]]:
 
 
 def test_keygen_writes_a_private_key_only_its_owner_reads_and_never_overwrites(keys: dict[str, KeyPair], capsys: pytest.CaptureFixture[str]) -> None:
-    from kcache.cli import main as cli
+    from kcache.cli.commands import main as cli
 
     a = keys["a"]
     assert stat.S_IMODE(a.private.stat().st_mode) == 0o600
@@ -368,7 +368,7 @@ def test_inspect_entry_shows_the_signer_and_provenance_and_whether_this_machine_
     keys: dict[str, KeyPair], live_service: LiveService, tmp_path: Path, runtimes: list[Runtime],
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from kcache.cli import main as cli
+    from kcache.cli.commands import main as cli
 
     layer, key = "fx-graph", KEYS["fx-graph"].format("inspect")
     producer = runtime(live_service.url, tmp_path, "p", signing_private_key=str(keys["a"].private), run_id="nightly-42")
@@ -395,7 +395,7 @@ def test_a_kernel_pack_carrying_a_host_module_is_never_emitted(real_kernel_dirs:
     """Packs are not signed: they carry device code only. A shared object in one would be loaded
     by Triton as a host module (a pack keyed like a host module's dir), bypassing the signed
     ``triton-module`` layer."""
-    from kcache.emitter import emit_files, emit_pack
+    from kcache.store.emitter import emit_files, emit_pack
     from kcache_schemas import PackError
     from kcache_schemas.pack import build_pack, manifest_for_files, read_kernel_dir
 
@@ -454,7 +454,7 @@ def test_inductor_recompiles_rather_than_unpickle_a_graph_no_trusted_key_signed(
     pytest.importorskip("torch")
     import base64
 
-    from kcache import fx_graph_entries
+    from kcache.layers.inductor import fx_graph_entries
     from test_fleet import run_node
 
     url = live_service.url

@@ -19,9 +19,9 @@ from xml.etree import ElementTree as ET
 
 import httpx
 import pytest
-from kcache.cli import main as kcache_main
-from kcache.report import format_junit, format_markdown, run_report, summary_line
-from kcache.stats import Stats, load_stats, stats_target, write_stats
+from kcache.cli.commands import main as kcache_main
+from kcache.reporting.report import format_junit, format_markdown, run_report, summary_line
+from kcache.store.counters import Stats, load_stats, stats_target, write_stats
 from kcache_schemas.models import EnvFingerprint
 from kcache_schemas.stats import RunStatsReport, StatsDocument, total
 
@@ -91,7 +91,7 @@ def test_summary_line() -> None:
 _WRITER = textwrap.dedent(
     """
     import sys
-    from kcache.stats import Stats, write_stats
+    from kcache.store.counters import Stats, write_stats
     for i in range(int(sys.argv[2])):
         s = Stats()
         s.hit("kernel", 100)

@@ -10,12 +10,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from kcache.cli import main as kcache_main
+from kcache.cli.commands import main as kcache_main
 from kcache.config import ClientConfig
 from kcache.current import get_runtime
-from kcache.fingerprint import current
-from kcache.http import KcacheClient
-from kcache.stats import load_stats
+from kcache.store.counters import load_stats
+from kcache.store.fingerprint import current
+from kcache.transport.http import KcacheClient
 from kcache_schemas import wire
 
 from kcache_testkit.kernels import real_kernels

@@ -30,7 +30,7 @@ if _why_not is not None:
     pytest.skip(_why_not, allow_module_level=True)
 
 from kcache.config import ClientConfig  # noqa: E402
-from kcache.http import KcacheClient  # noqa: E402
+from kcache.transport.http import KcacheClient  # noqa: E402
 from kcache_schemas import tree  # noqa: E402
 from kcache_schemas.signature import is_signed  # noqa: E402
 

@@ -1,5 +1,5 @@
 """The ``vllm`` layer's parts that need no vLLM: the tree container (kcache_schemas.tree), where
-vLLM's entries live (:func:`kcache.vllm_cache.locate`), reading an entry off disk and installing
+vLLM's entries live (:func:`kcache.layers.vllm_compile_cache.locate`), reading an entry off disk and installing
 it where vLLM looks, and the checks that refuse an entry before a byte is written. The real
 engine end to end: tests/test_vllm.py (the vLLM environment, scripts/vllm_env.sh)."""
 
@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 import pytest
-from kcache import vllm_cache
+from kcache.layers import vllm_compile_cache as vllm_cache
 from kcache_schemas import tree
 
 HASH = "ab" * 32

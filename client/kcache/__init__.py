@@ -19,7 +19,7 @@ def install(url: str | None = None, **options: Any) -> bool:
     """Activate kcache in this process. Options override ``KCACHE_*`` env vars
     (``token``, ``namespace``, ``mode``, timeouts, ...). Returns False when kcache is off
     (no URL or ``mode="off"``); never raises because the service is unreachable. A setting that
-    does not parse raises ``kcache.errors.ConfigError`` (a ValueError) naming it, before anything
+    does not parse raises ``kcache.exceptions.ConfigError`` (a ValueError) naming it, before anything
     is switched on."""
     from kcache.activation import activate
 

@@ -43,7 +43,7 @@ class _Trigger:  # a meta path finder (the protocol, not the importlib.abc base 
         if fullname != self.fullname:
             return None
         # One-shot; also keeps the lookup below from recursing. A new list, not remove(): the
-        # import system is walking this one (see kcache.after_import).
+        # import system is walking this one (see kcache.host.after_import).
         sys.meta_path = [f for f in sys.meta_path if f is not self]
         import importlib.util
 
@@ -104,7 +104,7 @@ def _activate_vllm(decorators: ModuleType) -> None:
 
 def _record_kernel_keys(compiler: ModuleType) -> None:
     # Cheap (no pydantic, no network): remembers each kernel key's parts for `kcache explain`.
-    from kcache import kernel_key_parts
+    from kcache.layers.triton import kernel_key_parts
 
     kernel_key_parts.hook(compiler)
 
@@ -162,7 +162,7 @@ def _main() -> None:
 
 
 def _claim_prefetch() -> bool:
-    from kcache._process import claim_prefetch
+    from kcache.host.process_roles import claim_prefetch
 
     return claim_prefetch()
 

@@ -9,10 +9,10 @@ import sys
 from types import ModuleType
 from typing import Any
 
-from kcache import patching
 from kcache.config import ClientConfig, selected_layers, settings_or_off
 from kcache.current import ensure_runtime, stop_runtime
-from kcache.failopen import guard
+from kcache.host import patching
+from kcache.host.failopen import guard
 
 log = logging.getLogger("kcache")
 TRITON_MANAGER = "kcache.triton_manager:KcacheCacheManager"
@@ -54,44 +54,44 @@ def _activate(config: ClientConfig, overrides: dict[str, Any]) -> bool:
     ensure_runtime(config)
     use_triton_manager(config)
     with guard("could not hook Triton's cache key"):
-        from kcache import kernel_key_parts
+        from kcache.layers.triton import kernel_key_parts
 
         kernel_key_parts.install()
     _serve_tvm_ffi(config)  # hooked when tvm_ffi.cpp.extension is imported; nothing imported here
     if "torch" in sys.modules or importlib.util.find_spec("torch") is not None:
         with guard("could not hook TritonBundler"):
-            from kcache.bundler_hooks import install_bundler_hooks
+            from kcache.layers.inductor.triton_bundler import install_bundler_hooks
 
             install_bundler_hooks()
         with guard("could not serve Inductor's remote caches"):
-            from kcache.remote_cache import install_remote_caches
+            from kcache.layers.inductor.remote_caches import install_remote_caches
 
             install_remote_caches(selected_layers(config.layers))
         with guard("could not serve Dynamo's precompile cache"):
-            from kcache import dynamo_cache
+            from kcache.layers.dynamo import packages as dynamo_cache
 
             if dynamo_cache.LAYER in selected_layers(config.layers):
                 dynamo_cache.install()
         with guard("could not serve Inductor's C++ builds"):
-            from kcache import inductor_cpp
-            from kcache.jit_layer import LAYER as JIT_LAYER
+            from kcache.layers.jit import inductor_cpp
+            from kcache.layers.jit.layer import LAYER as JIT_LAYER
 
             if JIT_LAYER in selected_layers(config.layers):
                 inductor_cpp.install()
         _serve_torch_extensions(config)
         _serve_vllm(config)
         with guard("could not hook Inductor's FX-graph lookup"):
-            from kcache import key_components
+            from kcache.layers.inductor import key_components
 
             key_components.install()
         with guard("could not hook Inductor's autotune recheck"):
-            from kcache.coordesc_reuse import install as install_coordesc_reuse
+            from kcache.layers.inductor.coordesc_reuse import install as install_coordesc_reuse
 
             install_coordesc_reuse(config.coordesc_reuse)
         with guard("could not key Inductor's local autotune cache by this node's dir"):
             from kcache_schemas import wire
 
-            from kcache import autotune_paths
+            from kcache.layers.inductor import autotune_paths
 
             if wire.CacheLayer.AUTOTUNE.value in selected_layers(config.layers):  # so a fresh node asks kcache's layer
                 autotune_paths.install()
@@ -100,8 +100,8 @@ def _activate(config: ClientConfig, overrides: dict[str, Any]) -> bool:
 
 def _serve_torch_extensions(config: ClientConfig, module: ModuleType | None = None) -> None:
     with guard("could not serve torch's extension JIT"):
-        from kcache import torch_extensions
-        from kcache.jit_layer import LAYER as JIT_LAYER
+        from kcache.layers.jit import torch_extensions
+        from kcache.layers.jit.layer import LAYER as JIT_LAYER
 
         if JIT_LAYER in selected_layers(config.layers):
             torch_extensions.install(module)
@@ -109,8 +109,8 @@ def _serve_torch_extensions(config: ClientConfig, module: ModuleType | None = No
 
 def _serve_tvm_ffi(config: ClientConfig, module: ModuleType | None = None) -> None:
     with guard("could not serve tvm-ffi's JIT"):
-        from kcache import tvm_ffi_jit
-        from kcache.jit_layer import LAYER as JIT_LAYER
+        from kcache.layers.jit import tvm_ffi as tvm_ffi_jit
+        from kcache.layers.jit.layer import LAYER as JIT_LAYER
 
         if JIT_LAYER in selected_layers(config.layers):
             tvm_ffi_jit.install(module)
@@ -118,7 +118,7 @@ def _serve_tvm_ffi(config: ClientConfig, module: ModuleType | None = None) -> No
 
 def _serve_vllm(config: ClientConfig) -> None:
     with guard("could not serve vLLM's compile cache"):
-        from kcache import vllm_cache
+        from kcache.layers import vllm_compile_cache as vllm_cache
 
         if vllm_cache.LAYER in selected_layers(config.layers):
             vllm_cache.install()
@@ -153,33 +153,33 @@ def activate_extensions(extension: ModuleType) -> bool:
 
 
 def deactivate() -> None:
-    if "kcache.dynamo_cache" in sys.modules:
-        from kcache import dynamo_cache
+    if "kcache.layers.dynamo.packages" in sys.modules:
+        from kcache.layers.dynamo import packages as dynamo_cache
 
         dynamo_cache.uninstall()  # hands over what this process compiled, then unhooks
-    if "kcache.remote_cache" in sys.modules:
-        from kcache.remote_cache import uninstall_remote_caches
+    if "kcache.layers.inductor.remote_caches" in sys.modules:
+        from kcache.layers.inductor.remote_caches import uninstall_remote_caches
 
         uninstall_remote_caches()  # also forgets the layers a later-loading module would serve
-    if "kcache.inductor_cpp" in sys.modules:
-        from kcache import inductor_cpp
+    if "kcache.layers.jit.inductor_cpp" in sys.modules:
+        from kcache.layers.jit import inductor_cpp
 
         inductor_cpp.uninstall()
-    if "kcache.vllm_cache" in sys.modules:
-        from kcache import vllm_cache
+    if "kcache.layers.vllm_compile_cache" in sys.modules:
+        from kcache.layers import vllm_compile_cache as vllm_cache
 
         vllm_cache.uninstall()  # lets uploads in flight finish, then unhooks
-    if "kcache.torch_extensions" in sys.modules:
-        from kcache import torch_extensions
+    if "kcache.layers.jit.torch_extensions" in sys.modules:
+        from kcache.layers.jit import torch_extensions
 
         torch_extensions.uninstall()
-    if "kcache.tvm_ffi_jit" in sys.modules:
-        from kcache import tvm_ffi_jit
+    if "kcache.layers.jit.tvm_ffi" in sys.modules:
+        from kcache.layers.jit import tvm_ffi as tvm_ffi_jit
 
         tvm_ffi_jit.uninstall()
     patching.restore_all()
-    if "kcache.canary" in sys.modules:
-        from kcache import canary
+    if "kcache.layers.key_canary" in sys.modules:
+        from kcache.layers import key_canary as canary
 
         canary.reset()  # audits under way belong to this installation's runtime
     if os.environ.get("TRITON_CACHE_MANAGER") == TRITON_MANAGER:

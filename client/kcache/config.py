@@ -9,7 +9,7 @@ Every ``KCACHE_*`` variable the client reads is read here, with its default. The
 Every value is parsed strictly (sccache's ``config.rs`` habit): a value that does not parse is
 never replaced by a default, because the default may be more than was asked for
 (``KCACHE_MODE=read-only`` must not mean read-write). :meth:`ClientConfig.from_env` raises
-:class:`kcache.errors.ConfigError` naming each variable and what it accepts; ``kcache.install()``
+:class:`kcache.exceptions.ConfigError` naming each variable and what it accepts; ``kcache.install()``
 lets it through; the paths that activate kcache by themselves (the ``.pth`` at interpreter start,
 Triton's cache manager, the workload prefetcher) use :func:`settings_or_off`: one warning, and
 kcache stays off in that process. An empty value is the same as an unset one.
@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 if TYPE_CHECKING:
-    from kcache.local_store import LocalEntryStore
+    from kcache.store.local_store import LocalEntryStore
 
 Mode = Literal["readwrite", "readonly", "off"]
 # The spellings KCACHE_MODE accepts (case-insensitive; "_" reads as "-"). kcache._autoload keeps
@@ -37,7 +37,7 @@ MODES: dict[str, Mode] = {
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 # Every layer KCACHE_LAYERS may name: Inductor's remote caches, Dynamo's precompile packages, JIT
-# builders' modules and vLLM's compile cache (kcache.remote_cache lists them; tests/test_settings.py
+# builders' modules and vLLM's compile cache (kcache.layers.inductor.remote_caches lists them; tests/test_settings.py
 # keeps the two lists equal).
 SELECTABLE_LAYERS = ("fx-graph", "autotune", "bundled-autotune", "aot-autograd", "dynamo-pgo", "dynamo", "jit", "vllm")
 DEFAULT_LOCAL_MAX_BYTES = 10 << 30  # as sccache's default: a few max-autotune models fit
@@ -218,7 +218,7 @@ class ClientConfig:
     stats_file: str | None = None
     report: bool = False
     run_id: str | None = None
-    signing_key: str | None = field(default=None, repr=False)  # HMAC secret (see kcache.signing)
+    signing_key: str | None = field(default=None, repr=False)  # HMAC secret (see kcache.transport.entry_signing)
     signing_private_key: str | None = field(default=None, repr=False)  # Ed25519: a PEM file, or the key itself
     trusted_keys: str | None = None  # Ed25519 public keys accepted: files and/or keys, comma-separated
     layers: str | None = None  # KCACHE_LAYERS as given: a comma list, "all" or "none"
@@ -228,9 +228,9 @@ class ClientConfig:
     autoload: bool = True  # read by kcache._autoload at interpreter start; here to be checked
     local_dir: str | None = None
     local_max_bytes: int = DEFAULT_LOCAL_MAX_BYTES  # 0: unbounded
-    require_hit: Literal["warn", "fail"] | None = None  # see kcache.require_hit
+    require_hit: Literal["warn", "fail"] | None = None  # see kcache.layers.require_hit
     # The share of FX-graph and kernel hits this process compiles anyway and compares with the
-    # entry (kcache.canary): 0 (off) by default, so a hit costs nothing extra.
+    # entry (kcache.layers.key_canary): 0 (off) by default, so a hit costs nothing extra.
     canary: float = 0.0
 
     def local_root(self) -> Path:
@@ -238,7 +238,7 @@ class ClientConfig:
 
     def local_store(self) -> LocalEntryStore:
         """The local tier of this service and namespace, bounded as configured."""
-        from kcache.local_store import LocalEntryStore
+        from kcache.store.local_store import LocalEntryStore
 
         return LocalEntryStore(self.local_root(), self.namespace, url=self.url, max_bytes=self.local_max_bytes or None)
 
@@ -253,7 +253,7 @@ class ClientConfig:
     @classmethod
     def from_env(cls, *, given_as: Callable[[str], str] | None = None, **overrides: Any) -> ClientConfig:
         """The settings of ``KCACHE_*`` variables, with ``overrides`` (``install()``'s keyword
-        arguments; None: not given) on top. Raises :class:`kcache.errors.ConfigError` naming every
+        arguments; None: not given) on top. Raises :class:`kcache.exceptions.ConfigError` naming every
         value that does not parse (the variable, or the override as ``given_as`` spells it, e.g.
         the CLI's ``--namespace``), and what it accepts."""
         values: dict[str, Any] = {}
@@ -274,7 +274,9 @@ class ClientConfig:
             except ValueError as exc:  # the parsers of kcache_schemas.units start with the value
                 problems.append(f"{where}{raw[:40]!r}: {str(exc).removeprefix(f'{raw[:40]!r}: ')}")
         if problems:
-            from kcache.errors import ConfigError  # brings httpx and pydantic: only when refusing
+            from kcache.exceptions import (
+                ConfigError,  # brings httpx and pydantic: only when refusing
+            )
 
             raise ConfigError("invalid settings: " + "; ".join(problems))
         known = {f.name for f in fields(cls)}
@@ -291,7 +293,7 @@ def settings_or_off(**overrides: Any) -> ClientConfig | None:
     try:
         return ClientConfig.from_env(**overrides)
     except ValueError as exc:
-        from kcache.failopen import warn_once
+        from kcache.host.failopen import warn_once
 
         warn_once(f"{exc}; kcache is off in this process")
         return None

@@ -24,7 +24,7 @@ _forked_config: ClientConfig | None = None
 
 
 def _report(rt: Runtime) -> None:
-    from kcache.report import at_exit
+    from kcache.reporting.report import at_exit
 
     at_exit(rt.config, rt.stats, rt.service_known_dead())
 

@@ -29,20 +29,21 @@ from kcache_schemas.signature import SignatureError
 if TYPE_CHECKING:
     from kcache_schemas.canary import UnsoundReport
 
-    from kcache.workload import Prefetcher
+    from kcache.transport.workload import Prefetcher
 
-from kcache import __version__, fx_graph_entries
-from kcache._process import claim_prefetch
-from kcache.after_import import imported
+from kcache import __version__
 from kcache.config import ClientConfig
-from kcache.emitter import EmitOutcome, emit_files, emit_pack_manifest
-from kcache.errors import Conflict, InvalidPack, KcacheError, NotFound, Quarantined
-from kcache.failopen import warn_once
-from kcache.http import KcacheClient
-from kcache.node_lock import NodeLock
-from kcache.signing import EntrySigning, SigningUnavailable
-from kcache.stats import Stats
-from kcache.uploader import EntryUpload, KernelDirUpload, KernelUpload, Uploader
+from kcache.exceptions import Conflict, InvalidPack, KcacheError, NotFound, Quarantined
+from kcache.host.after_import import imported
+from kcache.host.failopen import warn_once
+from kcache.host.node_lock import NodeLock
+from kcache.host.process_roles import claim_prefetch
+from kcache.layers.inductor import fx_graph_entries
+from kcache.store.counters import Stats
+from kcache.store.emitter import EmitOutcome, emit_files, emit_pack_manifest
+from kcache.transport.entry_signing import EntrySigning, SigningUnavailable
+from kcache.transport.http import KcacheClient
+from kcache.transport.uploader import EntryUpload, KernelDirUpload, KernelUpload, Uploader
 
 log = logging.getLogger("kcache")
 KERNEL_LAYER = wire.CacheLayer.KERNEL.value
@@ -101,7 +102,7 @@ class Runtime:
             warn_once(f"entry signing is configured but unusable, so every cache entry is refused and none uploaded: {self.signing.problem}")
         self.prefetcher: Prefetcher | None = None
         if self.client is not None and config.workload and claim_prefetch():
-            from kcache.workload import Prefetcher
+            from kcache.transport.workload import Prefetcher
 
             self.prefetcher = Prefetcher(self.client, config.workload, self.local, config.prefetch_wait_s).start()
 
@@ -297,7 +298,7 @@ class Runtime:
     def get_entry(self, layer: str, key: str, validate: Callable[[bytes], object] | None = None,
                   quarantine_invalid: bool = False) -> bytes | None:
         """Local tier, then a promised prefetch, then the service. With signing configured, only
-        what a trusted key signed gets through (see :mod:`kcache.signing`), before any caller
+        what a trusted key signed gets through (see :mod:`kcache.transport.entry_signing`), before any caller
         (Inductor's unpickler, Triton's module loader) sees a byte. ``validate(payload)`` raising
         ValueError refuses the entry the same way (counted as an error, not a hit); with
         ``quarantine_invalid``, a service copy it refuses is also quarantined (:meth:`quarantine`:
@@ -377,7 +378,7 @@ class Runtime:
         and counted) and keeps the unsound report. Never raises. ``sha256``: of the stored bytes
         handed over, when the caller has them.
 
-        ``unprofitable``: torch loaded it, but it did not pay (:mod:`kcache.dynamo_payoff`): the
+        ``unprofitable``: torch loaded it, but it did not pay (:mod:`kcache.layers.dynamo.payoff`): the
         same, counted as an ``unprofitable`` finding rather than an error, reported with the
         reason ``does not pay: ...``."""
         with self._lock:
@@ -462,7 +463,7 @@ class Runtime:
 
     def with_origin(self, parts: KeyComponents) -> KeyComponents:
         """``parts`` with where they were computed: the environment fingerprint and the run id."""
-        from kcache.fingerprint import current
+        from kcache.store.fingerprint import current
 
         return parts.model_copy(update={"environment": current(), "run_id": self.config.run_id})
 
@@ -557,7 +558,7 @@ class Runtime:
                 why = "the service is unreachable" if self.service_known_dead() else f"still pending after {self.config.flush_timeout_s:g}s"
                 warn_once(f"{dropped} uploads dropped at exit: {why}")
         if self.client is not None and self.config.workload and self.config.can_write and (self.used_kernels or self.used_entries):
-            from kcache.workload import publish
+            from kcache.transport.workload import publish
 
             try:
                 publish(self.client, self.config.workload, self.used_kernels, self.used_entries)

@@ -1,7 +1,7 @@
 """Unsound keys: two compiles of one cache key that produced different output.
 
 A key is sound when everything that changes a compile's output is part of it. The key-soundness
-canary (``KCACHE_CANARY``, :mod:`kcache.canary`) makes a node compile a sample of the entries it
+canary (``KCACHE_CANARY``, :mod:`kcache.layers.key_canary`) makes a node compile a sample of the entries it
 would have been served and compare its own output with the served one. A difference means the
 key misses a factor: the node reports an :class:`UnsoundReport`, the service quarantines the
 entry for every node and keeps the report (both compiles' recorded key parts, context and

@@ -51,7 +51,7 @@ class KeyComponents(_Model):
 
     ``context``: what that compile depended on beyond its key (Inductor settings torch leaves
     out of its key, backend switches, the rank, hashes of ``TORCHINDUCTOR_*``/``TRITON_*``
-    variables; :mod:`kcache.key_context`), ``environment`` and ``run_id``: where it ran. None of
+    variables; :mod:`kcache.layers.key_context`), ``environment`` and ``run_id``: where it ran. None of
     them is part of the key: they name the suspects when two compiles of one key disagree
     (:mod:`kcache_schemas.canary`) and let ``kcache purge`` select by environment or run."""
 

@@ -279,7 +279,7 @@ class QuarantineInfo(_Model):
 
 
 class EnvFingerprint(_Model):
-    """What must match for compiled artifacts to be reusable (see kcache.fingerprint)."""
+    """What must match for compiled artifacts to be reusable (see kcache.store.fingerprint)."""
 
     torch: str | None = None
     triton: str | None = None

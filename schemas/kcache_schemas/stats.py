@@ -68,7 +68,7 @@ _TIMES = ("seconds", "saved_s")
 
 
 class LayerCounts(_Lenient):
-    """One cache layer's counters, as kcache.stats counts them."""
+    """One cache layer's counters, as kcache.store.counters counts them."""
 
     hits: int = Field(default=0, ge=0)
     misses: int = Field(default=0, ge=0)
@@ -155,7 +155,7 @@ Phases = Annotated[
 # compile asked for), "emitted_then_compiled" (a kernel kcache wrote that Triton compiled anyway),
 # "refused" (an entry or kernel kcache would not hand over: signature, target, bad pack),
 # "quarantined" (torch could not load what kcache handed over), "unprofitable" (a Dynamo package
-# that did not pay: kcache.dynamo_payoff).
+# that did not pay: kcache.layers.dynamo.payoff).
 Verification = Annotated[dict[_StatName, Reasons], Field(max_length=16), AfterValidator(_stat_names)]
 
 # Torch's own phase timers (``dynamo_timed`` names, which differ between torch versions) grouped

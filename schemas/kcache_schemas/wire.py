@@ -85,10 +85,10 @@ class CacheLayer(str, enum.Enum):
     TRITON_MODULE = "triton-module"
     DYNAMO = "dynamo"  # Dynamo's precompile packages (torch._dynamo.config.caching_precompile)
     # Native modules other JIT builders compile (Inductor's C++ kernels, ...): a container of
-    # files (kcache_schemas.jit) under a content key, one adapter per builder (kcache.jit_layer).
+    # files (kcache_schemas.jit) under a content key, one adapter per builder (kcache.layers.jit.layer).
     JIT = "jit"
     # vLLM's compile cache: one entry per compiled model and rank (the AOT ``model`` file with
-    # the Inductor cache vLLM points at), a verified tree (kcache_schemas.tree; kcache.vllm_cache).
+    # the Inductor cache vLLM points at), a verified tree (kcache_schemas.tree; kcache.layers.vllm_compile_cache).
     VLLM = "vllm"
     # The named parts of a key this layer's producer computed (kcache_schemas.explain): what
     # `kcache explain` diffs a missed key against. Never looked up by a compile.

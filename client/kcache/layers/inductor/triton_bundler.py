@@ -1,0 +1,173 @@
+"""Hooks on ``torch._inductor.triton_bundler.TritonBundler``.
+
+We wrap the class's own methods (``begin_compile``, ``put``, ``put_winner`` where it exists,
+``collect``, ``read_and_emit``) and call the originals: no torch code is copied. Features are
+detected, not versions compared: the bundle is a ``TritonBundle`` with ``kernel_artifacts`` (torch
+≥ 2.7) or a plain ``list[TritonKernelArtifacts]`` (before).
+
+Every wrapper has the same shape: torch's original runs unguarded (its exceptions are torch's),
+kcache's part runs inside :func:`kcache.host.failopen.guard`; a bundle of a shape we do not know goes
+to the original whole. The runtime is looked up on every call, so ``kcache.install()`` with other
+options, ``uninstall()`` and a later ``install()`` take effect here as everywhere else.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from kcache_schemas.pack import manifest_for_files
+
+from kcache.current import get_runtime
+from kcache.host import patching
+from kcache.host.failopen import guard, warn_once
+from kcache.runtime import Runtime
+from kcache.store.emitter import looks_emitted
+
+PATCHES = "bundler"
+_WRAPPED = ("begin_compile", "put", "put_winner", "collect", "read_and_emit")
+_REQUIRED = ("begin_compile", "put", "collect", "read_and_emit")
+_EMIT_THREADS = 8
+_compile_started = threading.local()  # per compiling thread: when begin_compile ran
+
+
+def _kernel_artifacts(bundle: Any) -> list[Any]:
+    if hasattr(bundle, "kernel_artifacts"):
+        return list(bundle.kernel_artifacts)
+    if isinstance(bundle, list):
+        return list(bundle)
+    raise TypeError(f"unrecognised TritonBundle shape: {type(bundle).__name__}")
+
+
+def _with_kernels(bundle: Any, kernels: list[Any]) -> Any:
+    if hasattr(bundle, "kernel_artifacts") and dataclasses.is_dataclass(bundle):
+        return dataclasses.replace(bundle, kernel_artifacts=kernels)  # type: ignore[type-var]
+    return kernels
+
+
+def install_bundler_hooks() -> bool:
+    """Wrap TritonBundler's methods (once); False, with one warning, where its shape is unknown."""
+    if patching.is_patched(PATCHES):
+        return True
+    from torch._inductor import triton_bundler as tb_module
+
+    cls = tb_module.TritonBundler
+    originals = {name: cls.__dict__[name] for name in _WRAPPED if name in cls.__dict__}
+    missing = [name for name in _REQUIRED if name not in originals]
+    unknown = [n for n, f in originals.items() if not isinstance(f, (classmethod, staticmethod))]
+    if missing or unknown:
+        warn_once(f"this torch's TritonBundler lacks {missing} or has unknown kinds of {unknown}; Inductor bundles are left to Inductor")
+        return False
+
+    def call(name: str, *args: Any) -> Any:
+        original = originals[name]
+        return original.__func__(cls, *args) if isinstance(original, classmethod) else original.__func__(*args)
+
+    def begin_compile(klass: type) -> None:
+        call("begin_compile")
+        _compile_started.t = time.perf_counter()
+
+    def put(klass: type, kernel_hash: str, device: int) -> None:
+        call("put", kernel_hash, device)
+        with guard("TritonBundler.put hook failed"):
+            if (rt := get_runtime()) is not None:
+                rt.note_kernel(kernel_hash)
+
+    def put_winner(klass: type, kernel_hash: str) -> None:
+        call("put_winner", kernel_hash)
+        with guard("TritonBundler.put_winner hook failed"):
+            if (rt := get_runtime()) is not None:
+                rt.note_kernel(kernel_hash)
+
+    def collect(klass: type) -> Any:
+        result = call("collect")
+        with guard("TritonBundler.collect hook failed; this graph's kernels are not uploaded"):
+            if (rt := get_runtime()) is not None:
+                _upload_collected(rt, result[0], getattr(_compile_started, "t", None))
+        return result
+
+    def read_and_emit(bundle: Any) -> Any:
+        prepared: tuple[Any, list[str]] | None = None
+        rt = get_runtime()
+        if rt is not None:
+            with guard("TritonBundler.read_and_emit hook failed; Inductor emits this bundle itself"):
+                if cls.is_enabled():
+                    prepared = _emit_through_kcache(rt, tb_module, bundle)
+        if prepared is None:
+            return call("read_and_emit", bundle)
+        rest, names = prepared
+        metadata = call("read_and_emit", rest)
+        with guard("TritonBundler.read_and_emit could not report kcache's kernels to Inductor"):
+            if metadata is not None and hasattr(metadata, "cached_kernel_names") and names:
+                metadata = dataclasses.replace(metadata, cached_kernel_names=names + list(metadata.cached_kernel_names))
+        return metadata
+
+    wrappers = {"begin_compile": begin_compile, "put": put, "put_winner": put_winner, "collect": collect}
+    for name, fn in wrappers.items():
+        if name in originals:
+            patching.patch(PATCHES, cls, name, classmethod(fn))  # type: ignore[arg-type]
+    patching.patch(PATCHES, cls, "read_and_emit", staticmethod(read_and_emit))
+    return True
+
+
+def _upload_collected(rt: Runtime, bundle: Any, started: float | None) -> None:
+    elapsed = time.perf_counter() - started if started is not None else None
+    kernels = _kernel_artifacts(bundle)
+    for ka in kernels:
+        files = {a.filename: a.payload for a in ka.artifacts}
+        # The graph's compile time is shared by its kernels: credit each a fair share.
+        share = elapsed / len(kernels) if elapsed is not None else None
+        rt.upload_kernel(ka.kernel_hash, files, share)
+
+
+def _emit_through_kcache(rt: Runtime, tb_module: Any, bundle: Any) -> tuple[Any, list[str]]:
+    """Emit a bundle's kernel dirs with kcache's verified emitter; returns what is left for
+    Inductor's own ``read_and_emit`` (kernels we could not emit) and the names we emitted."""
+    kernels = _kernel_artifacts(bundle)
+    from torch._dynamo.utils import counters
+    from torch._inductor.utils import GPU_KERNEL_BIN_EXTS
+
+    t0 = time.perf_counter()
+    bin_exts = set(GPU_KERNEL_BIN_EXTS.values())
+    names: list[str] = []
+    fallback: list[Any] = []
+
+    def emit(ka: Any) -> Exception | None:
+        try:
+            files = {a.filename: a.payload for a in ka.artifacts}
+            cache_dir = Path(tb_module.triton_cache_dir(ka.device))
+            if looks_emitted(cache_dir, ka.kernel_hash, files):  # a warm node: nothing to write
+                rt.note_kernel(ka.kernel_hash)
+                return None
+            rt.emit_local(cache_dir, manifest_for_files(ka.kernel_hash, files), files)
+            return None
+        except Exception as exc:
+            return exc
+
+    # A max-autotune graph carries ~135 kernel dirs (every benchmarked candidate): written one
+    # by one they took 0.4 s of an H100 warm start. The work is mostly mkdir/write/rename
+    # system calls, which release the GIL, so a few threads overlap them.
+    threads = min(_EMIT_THREADS, os.cpu_count() or 1, len(kernels))
+    if threads > 1:
+        with ThreadPoolExecutor(threads, thread_name_prefix="kcache-emit") as pool:
+            errors = list(pool.map(emit, kernels))
+    else:
+        errors = [emit(ka) for ka in kernels]
+    for ka, error in zip(kernels, errors, strict=True):
+        if error is None:
+            counters["inductor"]["triton_bundler_read_and_emit_kernel"] += len(ka.artifacts)
+            names += [Path(a.filename).stem for a in ka.artifacts if Path(a.filename).suffix in bin_exts]
+        else:
+            warn_once(f"could not emit kernel {ka.kernel_hash} through kcache", error)
+            fallback.append(ka)
+    rt.bundle_emit_s += time.perf_counter() - t0
+    return _with_kernels(bundle, fallback), names
+
+
+def uninstall_bundler_hooks() -> None:
+    patching.restore(PATCHES)
