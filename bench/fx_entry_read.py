@@ -6,7 +6,7 @@ object in hand":
 
 * Inductor's form (``json.dumps({"data": base64(pickle), ...})``): ``json.loads``, ``b64decode``,
   ``pickle.loads`` — what ``FxGraphCache.iterate_over_candidates`` does with a remote hit;
-* kcache's envelope (:mod:`kcache.layers.inductor.fx_graph_entries`): slice out the pickle, ``pickle.loads``;
+* kcache's envelope (:mod:`kcache.store.fx_graph_envelope`): slice out the pickle, ``pickle.loads``;
 * a local hit (Inductor's own disk cache): ``pickle.loads`` of the file's bytes — the floor.
 
 Prints medians, stored sizes, and the ratios to a local read. Target: the envelope reads >= 3x
@@ -54,7 +54,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args(argv)
 
-    from kcache.layers.inductor import fx_graph_entries as fx
+    from kcache.store import fx_graph_envelope as fx
 
     content = pickle.dumps(_graph_like(args.mb))
     inductor_json = json.dumps({"data": base64.b64encode(content).decode("ascii"), "time_taken_ms": 61536}).encode()

@@ -36,7 +36,7 @@ if os.environ.get("KCACHE_WORKLOAD") and os.environ.get("PROBE_PREFETCH") == "1"
 if os.environ.get("FORBID_FX_GRAPH_JSON") == "1":
     # Prove a remote FX-graph hit is unpickled straight from kcache's envelope: Inductor's JSON
     # form of the entry cannot be produced in this process.
-    import kcache.layers.inductor.fx_graph_entries as fx_entries
+    import kcache.store.fx_graph_envelope as fx_entries
 
     _to_json = fx_entries.inductor_json
 

@@ -190,11 +190,11 @@ def test_a_hit_credits_the_same_saved_time_from_the_service_and_from_the_local_t
     """Before: the same hit credited 15.9 s in one run (from the service, whose header carries the
     producer's time) and 0.0 s in the next (from the node's local tier, which has no header)."""
     from kcache.config import ClientConfig
-    from kcache.layers.inductor import fx_graph_entries
     from kcache.runtime import Runtime
+    from kcache.store import fx_graph_envelope
 
     inductor_json = json.dumps({"data": base64.b64encode(b"graph").decode(), "time_taken_ms": 4200}).encode()
-    entries = {"fx-graph": fx_graph_entries.encode(inductor_json), "aot-autograd": inductor_json}
+    entries = {"fx-graph": fx_graph_envelope.encode(inductor_json), "aot-autograd": inductor_json}
     producer = Runtime(ClientConfig(url=live_service.url, local_dir=str(tmp_path / "producer")))
     for layer, data in entries.items():
         assert data is not None

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from kcache.config import ClientConfig
-from kcache.layers.inductor.fx_graph_entries import MAGIC
+from kcache.store.fx_graph_envelope import MAGIC
 from kcache.transport.http import KcacheClient
 
 from kcache_testkit.pace import HANG_S

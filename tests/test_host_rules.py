@@ -19,7 +19,8 @@ torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.torch
 from kcache.host import failopen, patching  # noqa: E402
 from kcache.host.after_import import imported  # noqa: E402
-from kcache.layers.inductor import fx_graph_entries  # noqa: E402
+from kcache.layers.inductor import fx_graph_reads  # noqa: E402
+from kcache.store import fx_graph_envelope  # noqa: E402
 from kcache.store import kernel_dirs as dirs  # noqa: E402
 
 
@@ -91,10 +92,10 @@ def _iterate_other(cls: Any, key: str, remote_cache: Any) -> Any:
 def test_candidate_arity_is_read_from_the_signature() -> None:
     from torch._inductor.codecache import FxGraphCache
 
-    assert fx_graph_entries.candidate_arity(_iterate_3) == 3
-    assert fx_graph_entries.candidate_arity(_iterate_2) == 2
-    assert fx_graph_entries.candidate_arity(_iterate_other) is None
-    assert fx_graph_entries.candidate_arity(FxGraphCache.iterate_over_candidates) in (2, 3)  # this torch's own
+    assert fx_graph_reads.candidate_arity(_iterate_3) == 3
+    assert fx_graph_reads.candidate_arity(_iterate_2) == 2
+    assert fx_graph_reads.candidate_arity(_iterate_other) is None
+    assert fx_graph_reads.candidate_arity(FxGraphCache.iterate_over_candidates) in (2, 3)  # this torch's own
 
 
 @pytest.mark.parametrize("shape", [_iterate_other, lambda cls, *a: iter(())])
@@ -104,8 +105,8 @@ def test_an_unknown_iterate_over_candidates_is_left_alone_with_one_warning(shape
     unknown = classmethod(shape)
     monkeypatch.setattr(FxGraphCache, "iterate_over_candidates", unknown)
     with caplog.at_level(logging.WARNING, logger="kcache"):
-        assert fx_graph_entries.install_fast_reads(lambda backend: True) is False
-        assert fx_graph_entries.install_fast_reads(lambda backend: True) is False
+        assert fx_graph_reads.install_fast_reads(lambda backend: True) is False
+        assert fx_graph_reads.install_fast_reads(lambda backend: True) is False
     assert FxGraphCache.__dict__["iterate_over_candidates"] is unknown
     warnings = [r.message for r in caplog.records if "iterate_over_candidates" in r.message]
     assert len(warnings) == 1 and "FX-graph" in warnings[0]
@@ -127,16 +128,16 @@ def test_a_two_value_iterate_over_candidates_gets_two_value_candidates(monkeypat
 
     class Backend:
         def get_stored(self, key: str) -> bytes:
-            return fx_graph_entries.encode(b'{"data": "' + __import__("base64").b64encode(pickle.dumps("remote-graph")) + b'"}') or b""
+            return fx_graph_envelope.encode(b'{"data": "' + __import__("base64").b64encode(pickle.dumps("remote-graph")) + b'"}') or b""
 
     class Remote:
         backend = Backend()
 
     try:
-        assert fx_graph_entries.install_fast_reads(lambda backend: isinstance(backend, Backend))
+        assert fx_graph_reads.install_fast_reads(lambda backend: isinstance(backend, Backend))
         got = list(FxGraphCache.iterate_over_candidates(True, Remote(), "k"))
     finally:
-        fx_graph_entries.uninstall_fast_reads()
+        fx_graph_reads.uninstall_fast_reads()
     assert got == [("local-graph", b"L"), ("remote-graph", pickle.dumps("remote-graph"))]
     assert all(len(candidate) == 2 for candidate in got)
 

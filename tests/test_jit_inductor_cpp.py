@@ -22,6 +22,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from kcache.config import ClientConfig  # noqa: E402
+from kcache.store.local_store import LocalEntryStore  # noqa: E402
 from kcache.transport.http import KcacheClient  # noqa: E402
 from kcache_schemas import jit  # noqa: E402
 from kcache_schemas.signature import is_signed  # noqa: E402
@@ -127,7 +128,7 @@ def test_a_module_that_does_not_load_is_a_miss(fleet: Fleet) -> None:
     config = ClientConfig(url=fleet.service.url, namespace="plain", local_dir=str(node.home / ".cache" / "kcache" / "client"))
     broken = jit.encode("inductor-cpp", {"target": b"\x7fELF" + bytes(60)})  # an ELF header only
     for key in keys:
-        config.local_store().put("jit", key, broken)
+        LocalEntryStore.of(config).put("jit", key, broken)
     d = run_job(node, KCACHE_URL=fleet.service.url, KCACHE_NAMESPACE="plain")
     assert d.out == fleet.a.out
     assert d.builds, "the job compiles what did not load"

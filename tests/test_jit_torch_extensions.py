@@ -17,6 +17,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from kcache.config import ClientConfig  # noqa: E402
+from kcache.store.local_store import LocalEntryStore  # noqa: E402
 from kcache.transport.http import KcacheClient  # noqa: E402
 from kcache_schemas import jit  # noqa: E402
 
@@ -75,7 +76,7 @@ def test_a_library_that_does_not_import_is_built_by_ninja(fleet: Fleet) -> None:
     node = Node(fleet.root / "c")
     config = ClientConfig(url=fleet.service.url, local_dir=str(node.home / ".cache" / "kcache" / "client"))
     for key in _keys(fleet):  # read before the service: a well-formed entry, a broken library
-        config.local_store().put("jit", key, jit.encode("cpp-extension", {"target": b"\x7fELF" + bytes(60)}))
+        LocalEntryStore.of(config).put("jit", key, jit.encode("cpp-extension", {"target": b"\x7fELF" + bytes(60)}))
     c = run_job(node, job=EXTENSION_JOB, KCACHE_URL=fleet.service.url)
     assert c.out == fleet.a.out
     assert c.builds, "ninja built what did not import"

@@ -21,6 +21,7 @@ pytest.importorskip("tvm_ffi", reason="apache-tvm-ffi is not installed (it is in
 torch = pytest.importorskip("torch")  # tvm_ffi imports torch first when it is installed
 
 from kcache.config import ClientConfig  # noqa: E402
+from kcache.store.local_store import LocalEntryStore  # noqa: E402
 from kcache.transport.http import KcacheClient  # noqa: E402
 from kcache_schemas import jit  # noqa: E402
 from kcache_schemas.signature import is_signed  # noqa: E402
@@ -117,7 +118,7 @@ def test_a_damaged_entry_from_the_service_is_quarantined_for_every_node(fleet: F
 def test_a_damaged_local_copy_is_dropped_and_the_service_serves(fleet: Fleet) -> None:
     """A node's own disk damaged the copy: the service's is whole, so nothing is quarantined."""
     node = Node(fleet.root / "d")
-    local = ClientConfig(url=fleet.service.url, local_dir=str(node.home / ".cache" / "kcache" / "client")).local_store()
+    local = LocalEntryStore.of(ClientConfig(url=fleet.service.url, local_dir=str(node.home / ".cache" / "kcache" / "client")))
     local.put("jit", fleet.key(), _damaged(fleet.payload()))
     d = run_job(node, job=TVM_FFI_JOB, KCACHE_URL=fleet.service.url)  # not verifying: the damage is the container's
     assert d.builds == [], d.builds
@@ -129,7 +130,7 @@ def test_a_damaged_local_copy_is_dropped_and_the_service_serves(fleet: Fleet) ->
 
 def test_a_library_that_does_not_load_is_built_by_ninja(fleet: Fleet) -> None:
     node = Node(fleet.root / "e")
-    local = ClientConfig(url=fleet.service.url, local_dir=str(node.home / ".cache" / "kcache" / "client")).local_store()
+    local = LocalEntryStore.of(ClientConfig(url=fleet.service.url, local_dir=str(node.home / ".cache" / "kcache" / "client")))
     local.put("jit", fleet.key(), jit.encode("tvm-ffi", {"target": b"\x7fELF" + bytes(60)}))  # whole, but no library
     e = run_job(node, job=TVM_FFI_JOB, KCACHE_URL=fleet.service.url)
     assert e.out == fleet.a.out

@@ -130,9 +130,9 @@ def test_the_budget_setting(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> 
     monkeypatch.setenv("KCACHE_LOCAL_MAX_BYTES", "64M")
     monkeypatch.setenv("KCACHE_LOCAL_DIR", str(tmp_path))
     cfg = ClientConfig.from_env(url=URL)
-    assert cfg.local_max_bytes == 64 << 20 and cfg.local_store().max_bytes == 64 << 20
+    assert cfg.local_max_bytes == 64 << 20 and LocalEntryStore.of(cfg).max_bytes == 64 << 20
     monkeypatch.setenv("KCACHE_LOCAL_MAX_BYTES", "0")
-    assert ClientConfig.from_env(url=URL).local_store().max_bytes is None  # 0: unbounded
+    assert LocalEntryStore.of(ClientConfig.from_env(url=URL)).max_bytes is None  # 0: unbounded
     monkeypatch.setenv("KCACHE_LOCAL_MAX_BYTES", "lots")
     with pytest.raises(ConfigError, match="KCACHE_LOCAL_MAX_BYTES='lots': not a size"):
         ClientConfig.from_env()  # never silently the default (tests/test_settings.py: what install() and autoload do)

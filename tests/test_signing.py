@@ -454,7 +454,7 @@ def test_inductor_recompiles_rather_than_unpickle_a_graph_no_trusted_key_signed(
     pytest.importorskip("torch")
     import base64
 
-    from kcache.layers.inductor import fx_graph_entries
+    from kcache.store import fx_graph_envelope
     from test_fleet import run_node
 
     url = live_service.url
@@ -470,7 +470,7 @@ def test_inductor_recompiles_rather_than_unpickle_a_graph_no_trusted_key_signed(
     stored = client.get_entry("fx-graph", fx_key)[0]
     signed = envelope.parse(stored)
     assert signed.header.key_id == keys["a"].key_id and signed.header.provenance.run_id == "ci-signed-1"
-    assert signed.payload().startswith(fx_graph_entries.MAGIC)  # kcache's raw-pickle FX envelope inside
+    assert signed.payload().startswith(fx_graph_envelope.MAGIC)  # kcache's raw-pickle FX envelope inside
 
     # A consumer trusting A: remote FX-graph and AOTAutograd hits, unpickled straight from the envelope.
     trusting = run_node(tmp_path, "trusting", url, KCACHE_TRUSTED_KEYS=a_public, FORBID_FX_GRAPH_JSON="1", **lean)
@@ -488,7 +488,7 @@ def test_inductor_recompiles_rather_than_unpickle_a_graph_no_trusted_key_signed(
     inductor_json = json.dumps({"data": base64.b64encode(poison).decode(), "time_taken_ms": 5}).encode()
     forger = EntrySigning.from_config(ClientConfig(signing_private_key=str(keys["b"].private)))
     assert forger is not None
-    poisoned = forger.seal("fx-graph", fx_key, fx_graph_entries.encode(inductor_json) or b"")
+    poisoned = forger.seal("fx-graph", fx_key, fx_graph_envelope.encode(inductor_json) or b"")
     KcacheClient(ClientConfig(url=url, namespace="poisoned")).put_entry("fx-graph", fx_key, poisoned)
     victim = run_node(tmp_path, "victim", url, KCACHE_NAMESPACE="poisoned", KCACHE_TRUSTED_KEYS=a_public, **lean)
     assert not marker.exists()

@@ -30,6 +30,7 @@ if _why_not is not None:
     pytest.skip(_why_not, allow_module_level=True)
 
 from kcache.config import ClientConfig  # noqa: E402
+from kcache.store.local_store import LocalEntryStore  # noqa: E402
 from kcache.transport.http import KcacheClient  # noqa: E402
 from kcache_schemas import tree  # noqa: E402
 from kcache_schemas.signature import is_signed  # noqa: E402
@@ -118,7 +119,7 @@ def _hostile_namespace(fleet: Fleet, namespace: str) -> Node:
     local = ClientConfig(url=fleet.service.url, namespace=namespace, local_dir=str(node.home / ".cache" / "kcache" / "client"))
     flipped = bytearray(payload)
     flipped[len(flipped) // 2] ^= 0xFF
-    local.local_store().put("vllm", key, bytes(flipped))
+    LocalEntryStore.of(local).put("vllm", key, bytes(flipped))
     return node
 
 

@@ -21,10 +21,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
-
-if TYPE_CHECKING:
-    from kcache.store.local_store import LocalEntryStore
+from typing import Any, Literal, TypeVar
 
 Mode = Literal["readwrite", "readonly", "off"]
 # The spellings KCACHE_MODE accepts (case-insensitive; "_" reads as "-"). kcache._autoload keeps
@@ -235,12 +232,6 @@ class ClientConfig:
 
     def local_root(self) -> Path:
         return Path(self.local_dir) if self.local_dir else default_local_dir()
-
-    def local_store(self) -> LocalEntryStore:
-        """The local tier of this service and namespace, bounded as configured."""
-        from kcache.store.local_store import LocalEntryStore
-
-        return LocalEntryStore(self.local_root(), self.namespace, url=self.url, max_bytes=self.local_max_bytes or None)
 
     @property
     def enabled(self) -> bool:

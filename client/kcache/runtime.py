@@ -38,9 +38,10 @@ from kcache.host.after_import import imported
 from kcache.host.failopen import warn_once
 from kcache.host.node_lock import NodeLock
 from kcache.host.process_roles import claim_prefetch
-from kcache.layers.inductor import fx_graph_entries
+from kcache.store import fx_graph_envelope
 from kcache.store.counters import Stats
 from kcache.store.emitter import EmitOutcome, emit_files, emit_pack_manifest
+from kcache.store.local_store import LocalEntryStore
 from kcache.transport.entry_signing import EntrySigning, SigningUnavailable
 from kcache.transport.http import KcacheClient
 from kcache.transport.uploader import EntryUpload, KernelDirUpload, KernelUpload, Uploader
@@ -96,7 +97,7 @@ class Runtime:
         self.quarantined: set[tuple[str, str]] = set()
         self._lock = threading.Lock()
         self._closed = False
-        self.local = config.local_store()
+        self.local = LocalEntryStore.of(config)
         self.signing = EntrySigning.from_config(config)
         if self.signing is not None and self.signing.problem is not None:
             warn_once(f"entry signing is configured but unusable, so every cache entry is refused and none uploaded: {self.signing.problem}")
@@ -358,7 +359,7 @@ class Runtime:
         if compile_time is None and layer in RECORDS_COMPILE_TIME:
             # From the local tier or a prefetch (no service header): the time Inductor recorded
             # in the entry, so the same hit credits the same whichever tier served it.
-            compile_time = fx_graph_entries.recorded_compile_time_s(data)
+            compile_time = fx_graph_envelope.recorded_compile_time_s(data)
         self.stats.hit(layer, len(data), compile_time or 0.0)
         with self._lock:
             self.used_entries.add((layer, key))

@@ -228,6 +228,7 @@ def _warm(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from kcache.store.fingerprint import current
+    from kcache.store.local_store import LocalEntryStore
     from kcache.transport.workload import fetch_view, pull_workload
 
     client = _client(args)
@@ -241,7 +242,7 @@ def _warm(args: argparse.Namespace) -> int:
         return 1
     dest = Path(args.dest) if args.dest else None
     config = replace(client.config, local_dir=args.local_dir) if args.local_dir else client.config
-    local = config.local_store()
+    local = LocalEntryStore.of(config)
     import time
 
     from kcache.cli.progress import Progress

@@ -191,9 +191,9 @@ def fx_compiled(service_key: str, data: bytes) -> bool:
         return False
     import pickle
 
-    from kcache.layers.inductor import fx_graph_entries
+    from kcache.store import fx_graph_envelope
 
-    own = normalise(str(getattr(pickle.loads(fx_graph_entries.pickled_graph(data)), "source_code", "")))
+    own = normalise(str(getattr(pickle.loads(fx_graph_envelope.pickled_graph(data)), "source_code", "")))
     if own == served.source:
         rt.stats.verify("audited", "fx-graph: same generated code")
         return True

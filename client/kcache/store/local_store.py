@@ -30,8 +30,12 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kcache.host.node_lock import NodeLock
+
+if TYPE_CHECKING:
+    from kcache.config import ClientConfig
 
 ENTRIES_DIR = "entries"
 LOCKS_DIR = "locks"
@@ -57,6 +61,11 @@ class LocalEntryStore:
         self.max_bytes = max_bytes
         self._lock = threading.Lock()
         self._written_since_scan: int | None = None  # None: never scanned by this process
+
+    @classmethod
+    def of(cls, config: ClientConfig) -> LocalEntryStore:
+        """The local tier of this config's service and namespace, bounded as configured."""
+        return cls(config.local_root(), config.namespace, url=config.url, max_bytes=config.local_max_bytes or None)
 
     def _path(self, layer: str, key: str, under: Path | None = None) -> Path:
         # Keys are hashed into the file name: they come from Inductor and may contain ':' etc.

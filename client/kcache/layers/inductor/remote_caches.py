@@ -26,7 +26,8 @@ from kcache.host import patching
 from kcache.host.after_import import call_after_import, imported
 from kcache.host.failopen import guard, warn_once
 from kcache.layers import key_canary as canary
-from kcache.layers.inductor import fx_graph_entries
+from kcache.layers.inductor import fx_graph_reads
+from kcache.store import fx_graph_envelope
 
 log = logging.getLogger("kcache.layers.inductor.remote_caches")
 
@@ -79,7 +80,7 @@ def service_key(key: str) -> str:
 def _compile_time_s(data: bytes) -> float | None:
     """FX-graph and AOTAutograd entries are ``json.dumps({"data": <base64>, "time_taken_ms": N})``:
     credit N as compile time saved."""
-    return fx_graph_entries.recorded_compile_time_s(data)
+    return fx_graph_envelope.recorded_compile_time_s(data)
 
 
 def _backend_base() -> type:
@@ -119,7 +120,7 @@ def backend_class() -> type:
             if stored is None:
                 return None
             with guard(f"{self.layer} entry unreadable"):
-                return fx_graph_entries.inductor_json(stored)
+                return fx_graph_envelope.inductor_json(stored)
             return None
 
         def _put(self, key: str, data: bytes) -> None:
@@ -131,7 +132,7 @@ def backend_class() -> type:
                     return  # an audited hit's own compile: compared, never uploaded over the entry
                 compile_time = _compile_time_s(data)
                 if self.layer == FX_GRAPH:
-                    data = fx_graph_entries.encode(data) or data
+                    data = fx_graph_envelope.encode(data) or data
                 rt.put_entry(self.layer, service_key(key), data, compile_time)
 
     return KcacheRemoteCacheBackend
@@ -141,7 +142,7 @@ def _install_fast_reads() -> None:
     if FX_GRAPH not in _served:
         return  # uninstalled since this backend was built
     with guard("could not hook FxGraphCache.iterate_over_candidates; FX graphs are read through JSON"):
-        fx_graph_entries.install_fast_reads(lambda backend: isinstance(backend, backend_class()))
+        fx_graph_reads.install_fast_reads(lambda backend: isinstance(backend, backend_class()))
 
 
 def _gpu_visible() -> bool:
@@ -212,4 +213,4 @@ def _importers(names: tuple[str, ...]) -> list[Any]:
 def uninstall_remote_caches() -> None:
     _served.clear()
     patching.restore(PATCHES)
-    fx_graph_entries.uninstall_fast_reads()
+    fx_graph_reads.uninstall_fast_reads()

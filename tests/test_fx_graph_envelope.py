@@ -11,7 +11,7 @@ import pickle
 
 import pytest
 from kcache.config import ClientConfig
-from kcache.layers.inductor import fx_graph_entries as fx
+from kcache.store import fx_graph_envelope as fx
 from kcache.transport.http import KcacheClient
 
 pytestmark = pytest.mark.torch
