@@ -245,3 +245,129 @@ def test_the_torch_marker_check_finds_a_module_that_touches_torch() -> None:
     assert _touches_torch('torch = pytest.importorskip("torch")\n')
     assert _touches_torch('JOB = REPO / "tests" / "host_job.py"\n')
     assert not _touches_torch('ENV = {"torch": "2.13.0", "triton": "3.9.0"}\n')
+
+
+# ---- the client's floor plan: wings, their order, the layer registry -------------------------------
+
+# Bottom up: a module imports only modules of its own floor or the floors below (lazy imports
+# included; ``if TYPE_CHECKING`` ones do not count). Entries name a wing (a sub-package) or one
+# module of the front door. The order follows what each floor is for: the host-safety ground
+# (nothing of kcache beneath it), the settings, this node's store, the way to the service, the
+# runtime that joins them, what a process reports, the handle on the process's runtime, the cache
+# layers that hook torch and Triton through it, what switches them on, and the CLI over all of it.
+CLIENT_FLOORS: tuple[tuple[str, ...], ...] = (
+    ("kcache.host", "kcache.exceptions"),
+    ("kcache.config",),
+    ("kcache.store",),
+    ("kcache.transport",),
+    ("kcache.runtime",),
+    ("kcache.reporting",),
+    ("kcache.current",),
+    ("kcache.layers",),
+    ("kcache.activation", "kcache._autoload", "kcache.triton_manager"),
+    ("kcache.cli",),
+)
+# What stays at the top of the package: the names users and Triton import, and the process's one
+# runtime. Everything else lives in a wing.
+FRONT_DOOR = {"__init__", "_autoload", "config", "runtime", "current", "activation", "exceptions", "triton_manager"}
+MAX_ROOMS = 10  # modules and sub-wings of one wing
+# Modules of kcache.layers that are not layers themselves: the protocol and the registry, what
+# several layers share, and the parts of a layer that its registered module installs.
+LAYER_SUPPORT = {
+    "kcache.layers.protocol", "kcache.layers.registry",
+    "kcache.layers.key_context", "kcache.layers.key_canary", "kcache.layers.require_hit",
+    "kcache.layers.inductor.fx_graph_reads",  # installed by remote_caches
+    "kcache.layers.triton.cache_manager",  # Triton imports it; manager_switch switches it on
+    "kcache.layers.dynamo.entries", "kcache.layers.dynamo.payoff",
+    "kcache.layers.jit.layer", "kcache.layers.jit.keys", "kcache.layers.jit.headers", "kcache.layers.jit.ninja_builds",
+}
+HOST_PACKAGES = {"torch", "triton", "vllm", "tvm_ffi"}
+
+
+def _floor(module: str) -> int:
+    for rank, floor in enumerate(CLIENT_FLOORS):
+        if any(module == unit or module.startswith(unit + ".") for unit in floor):
+            return rank
+    raise AssertionError(f"{module} is on no floor of CLIENT_FLOORS")
+
+
+def _upward(graph: dict[str, set[str]]) -> list[str]:
+    return sorted(f"{a} -> {b}" for a, targets in graph.items() for b in targets if _floor(b) > _floor(a))
+
+
+def test_every_client_module_is_in_a_wing_or_the_front_door() -> None:
+    top = {p.stem for p in CLIENT.glob("*.py")}
+    assert top == FRONT_DOOR, f"move {sorted(top - FRONT_DOOR)} into a wing" if top - FRONT_DOOR else top
+    for name in import_graph(CLIENT):
+        _floor(name)  # raises for a module on no floor
+
+
+def test_no_client_import_runs_up_a_floor() -> None:
+    up = _upward(import_graph(CLIENT))
+    assert not up, "imports that run up a floor (see CLIENT_FLOORS):\n" + "\n".join(up)
+
+
+def test_the_floor_check_finds_an_import_running_up() -> None:
+    assert _upward({"kcache.store.emitter": {"kcache.transport.http"}}) == ["kcache.store.emitter -> kcache.transport.http"]
+    assert _upward({"kcache.layers.jit.layer": {"kcache.current", "kcache.host.failopen"}}) == []
+
+
+def _rooms(wing: Path) -> list[str]:
+    return sorted([p.stem for p in wing.glob("*.py") if p.stem not in ("__init__", "__main__")]
+                  + [d.name for d in wing.iterdir() if (d / "__init__.py").exists()])
+
+
+def test_no_wing_has_more_than_ten_rooms() -> None:
+    crowded = {str(d.relative_to(CLIENT)): len(_rooms(d)) for d in CLIENT.rglob("*") if (d / "__init__.py").exists()
+               and d != CLIENT and len(_rooms(d)) > MAX_ROOMS}
+    assert not crowded, f"wings over {MAX_ROOMS} rooms: {crowded} (split by concern into sub-wings)"
+
+
+def _defines(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    names = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+    for n in tree.body:
+        targets = n.targets if isinstance(n, ast.Assign) else [n.target] if isinstance(n, ast.AnnAssign) else []
+        names |= {t.id for t in targets if isinstance(t, ast.Name)}
+    return names
+
+
+def _registered() -> list[str]:
+    """The module names of ``kcache.layers.registry.LAYERS``, read from its source."""
+    tree = ast.parse((CLIENT / "layers" / "registry.py").read_text())
+    return [call.args[0].value for call in ast.walk(tree)
+            if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "Registered"
+            and call.args and isinstance(call.args[0], ast.Constant)]
+
+
+def test_every_layer_is_registered_and_implements_the_protocol() -> None:
+    """Adding a layer is adding its module and one registry line: a module of ``kcache.layers``
+    is a registered layer or a declared support room, and every registered module implements
+    :class:`kcache.layers.protocol.Layer` (mypy checks the types; this checks the names)."""
+    registered = _registered()
+    assert len(registered) == len(set(registered)), registered
+    modules = {m: p for m, p in ((_module_name(p, CLIENT), p) for p in _sources(CLIENT / "layers")) if p.name != "__init__.py"}
+    assert not set(registered) - set(modules), f"registered but missing: {set(registered) - set(modules)}"
+    unaccounted = set(modules) - set(registered) - LAYER_SUPPORT
+    assert not unaccounted, f"register these layers in kcache.layers.registry, or name them in LAYER_SUPPORT: {sorted(unaccounted)}"
+    assert not set(registered) & LAYER_SUPPORT
+    protocol = {"NAME", "STORES", "selected", "install_layer", "uninstall"}
+    incomplete = {m: sorted(protocol - _defines(modules[m])) for m in registered if protocol - _defines(modules[m])}
+    assert not incomplete, f"layers missing protocol members: {incomplete}"
+
+
+def test_only_layers_import_torch_triton_or_vllm_and_only_layers_patch() -> None:
+    """The layers are the client's one way into its host's packages: the other wings ask
+    :func:`kcache.host.after_import.imported` (never importing), and every attribute replaced
+    goes through :mod:`kcache.host.patching` from a layer."""
+    importers, patchers = [], []
+    for p in _sources(CLIENT):
+        name = _module_name(p, CLIENT)
+        if name.startswith("kcache.layers.") or name == "kcache.layers":
+            continue
+        if _imports(p) & HOST_PACKAGES:
+            importers.append(name)
+        if re.search(r"\bpatching\.patch\(", p.read_text()):
+            patchers.append(name)
+    assert not importers, f"import torch/Triton/vLLM/tvm-ffi only in kcache.layers: {importers}"
+    assert not patchers, f"patch torch only from kcache.layers: {patchers}"

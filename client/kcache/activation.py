@@ -1,4 +1,6 @@
-"""What ``kcache.install()`` switches on, and ``kcache.uninstall()`` off."""
+"""What ``kcache.install()`` switches on, and ``kcache.uninstall()`` off: the process's runtime
+(:mod:`kcache.current`), then every cache layer of :mod:`kcache.layers.registry` in its order,
+each inside its own fail-open guard; uninstall walks the layers back."""
 
 from __future__ import annotations
 
@@ -9,22 +11,14 @@ import sys
 from types import ModuleType
 from typing import Any
 
-from kcache.config import ClientConfig, selected_layers, settings_or_off
+from kcache.config import ClientConfig, settings_or_off
 from kcache.current import ensure_runtime, stop_runtime
 from kcache.host import patching
 from kcache.host.failopen import guard
+from kcache.layers import registry
 
 log = logging.getLogger("kcache")
-TRITON_MANAGER = "kcache.triton_manager:KcacheCacheManager"
 _env_before: dict[str, str | None] = {}  # KCACHE_* values install() replaced
-
-
-def use_triton_manager(config: ClientConfig) -> None:
-    """Route Triton's cache lookups through kcache's tiered manager unless the user chose one.
-
-    Set in the environment so Inductor's compile worker processes inherit it."""
-    if config.triton_manager:
-        os.environ.setdefault("TRITON_CACHE_MANAGER", TRITON_MANAGER)
 
 
 def activate(**overrides: Any) -> bool:
@@ -52,76 +46,24 @@ def _activate(config: ClientConfig, overrides: dict[str, Any]) -> bool:
     # The hooks look the runtime up on every call: a second install() with other options is
     # the one they use from now on.
     ensure_runtime(config)
-    use_triton_manager(config)
-    with guard("could not hook Triton's cache key"):
-        from kcache.layers.triton import kernel_key_parts
-
-        kernel_key_parts.install()
-    _serve_tvm_ffi(config)  # hooked when tvm_ffi.cpp.extension is imported; nothing imported here
-    if "torch" in sys.modules or importlib.util.find_spec("torch") is not None:
-        with guard("could not hook TritonBundler"):
-            from kcache.layers.inductor.triton_bundler import install_bundler_hooks
-
-            install_bundler_hooks()
-        with guard("could not serve Inductor's remote caches"):
-            from kcache.layers.inductor.remote_caches import install_remote_caches
-
-            install_remote_caches(selected_layers(config.layers))
-        with guard("could not serve Dynamo's precompile cache"):
-            from kcache.layers.dynamo import packages as dynamo_cache
-
-            if dynamo_cache.LAYER in selected_layers(config.layers):
-                dynamo_cache.install()
-        with guard("could not serve Inductor's C++ builds"):
-            from kcache.layers.jit import inductor_cpp
-            from kcache.layers.jit.layer import LAYER as JIT_LAYER
-
-            if JIT_LAYER in selected_layers(config.layers):
-                inductor_cpp.install()
-        _serve_torch_extensions(config)
-        _serve_vllm(config)
-        with guard("could not hook Inductor's FX-graph lookup"):
-            from kcache.layers.inductor import key_components
-
-            key_components.install()
-        with guard("could not hook Inductor's autotune recheck"):
-            from kcache.layers.inductor.coordesc_reuse import install as install_coordesc_reuse
-
-            install_coordesc_reuse(config.coordesc_reuse)
-        with guard("could not key Inductor's local autotune cache by this node's dir"):
-            from kcache_schemas import wire
-
-            from kcache.layers.inductor import autotune_paths
-
-            if wire.CacheLayer.AUTOTUNE.value in selected_layers(config.layers):  # so a fresh node asks kcache's layer
-                autotune_paths.install()
+    torch_here: bool | None = None  # asked once, when the first layer that needs torch comes
+    for entry in registry.LAYERS:
+        if entry.needs_torch:
+            if torch_here is None:
+                torch_here = "torch" in sys.modules or importlib.util.find_spec("torch") is not None
+            if not torch_here:
+                continue
+        _install(entry, config)
     return True
 
 
-def _serve_torch_extensions(config: ClientConfig, module: ModuleType | None = None) -> None:
-    with guard("could not serve torch's extension JIT"):
-        from kcache.layers.jit import torch_extensions
-        from kcache.layers.jit.layer import LAYER as JIT_LAYER
-
-        if JIT_LAYER in selected_layers(config.layers):
-            torch_extensions.install(module)
-
-
-def _serve_tvm_ffi(config: ClientConfig, module: ModuleType | None = None) -> None:
-    with guard("could not serve tvm-ffi's JIT"):
-        from kcache.layers.jit import tvm_ffi as tvm_ffi_jit
-        from kcache.layers.jit.layer import LAYER as JIT_LAYER
-
-        if JIT_LAYER in selected_layers(config.layers):
-            tvm_ffi_jit.install(module)
-
-
-def _serve_vllm(config: ClientConfig) -> None:
-    with guard("could not serve vLLM's compile cache"):
-        from kcache.layers import vllm_compile_cache as vllm_cache
-
-        if vllm_cache.LAYER in selected_layers(config.layers):
-            vllm_cache.install()
+def _install(entry: registry.Registered, config: ClientConfig, hooked: ModuleType | None = None) -> None:
+    """One layer, inside its own fail-open guard: a layer that cannot install leaves torch alone
+    and the others installed."""
+    with guard(entry.failure):
+        layer = registry.load(entry)
+        if layer.selected(config):
+            layer.install_layer(config, hooked)
 
 
 def activate_vllm(_decorators: ModuleType) -> bool:
@@ -132,7 +74,7 @@ def activate_vllm(_decorators: ModuleType) -> bool:
     if not config.enabled:
         return False
     ensure_runtime(config)
-    _serve_vllm(config)
+    _install(registry.registered("kcache.layers.vllm_compile_cache"), config)
     return True
 
 
@@ -145,45 +87,21 @@ def activate_extensions(extension: ModuleType) -> bool:
     if not config.enabled:
         return False
     ensure_runtime(config)
-    if extension.__name__ == "tvm_ffi.cpp.extension":
-        _serve_tvm_ffi(config, extension)
-    else:
-        _serve_torch_extensions(config, extension)
+    layer = "kcache.layers.jit.tvm_ffi" if extension.__name__ == "tvm_ffi.cpp.extension" else "kcache.layers.jit.torch_extensions"
+    _install(registry.registered(layer), config, extension)
     return True
 
 
 def deactivate() -> None:
-    if "kcache.layers.dynamo.packages" in sys.modules:
-        from kcache.layers.dynamo import packages as dynamo_cache
-
-        dynamo_cache.uninstall()  # hands over what this process compiled, then unhooks
-    if "kcache.layers.inductor.remote_caches" in sys.modules:
-        from kcache.layers.inductor.remote_caches import uninstall_remote_caches
-
-        uninstall_remote_caches()  # also forgets the layers a later-loading module would serve
-    if "kcache.layers.jit.inductor_cpp" in sys.modules:
-        from kcache.layers.jit import inductor_cpp
-
-        inductor_cpp.uninstall()
-    if "kcache.layers.vllm_compile_cache" in sys.modules:
-        from kcache.layers import vllm_compile_cache as vllm_cache
-
-        vllm_cache.uninstall()  # lets uploads in flight finish, then unhooks
-    if "kcache.layers.jit.torch_extensions" in sys.modules:
-        from kcache.layers.jit import torch_extensions
-
-        torch_extensions.uninstall()
-    if "kcache.layers.jit.tvm_ffi" in sys.modules:
-        from kcache.layers.jit import tvm_ffi as tvm_ffi_jit
-
-        tvm_ffi_jit.uninstall()
+    for entry in reversed(registry.LAYERS):  # each hands over what it holds, then unhooks
+        layer = registry.installed_perhaps(entry)
+        if layer is not None:
+            layer.uninstall()
     patching.restore_all()
     if "kcache.layers.key_canary" in sys.modules:
         from kcache.layers import key_canary as canary
 
         canary.reset()  # audits under way belong to this installation's runtime
-    if os.environ.get("TRITON_CACHE_MANAGER") == TRITON_MANAGER:
-        del os.environ["TRITON_CACHE_MANAGER"]
     # Otherwise processes started after uninstall() would still autoload kcache from KCACHE_URL.
     for var, value in _env_before.items():
         if value is None:

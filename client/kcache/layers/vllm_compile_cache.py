@@ -60,12 +60,14 @@ import time
 import types
 import uuid
 from collections.abc import Callable, Iterator
+from types import ModuleType
 from typing import Any
 
 from kcache_schemas import tree as trees
 from kcache_schemas import wire
 from kcache_schemas.explain import KeyComponents, from_parts
 
+from kcache.config import ClientConfig, selected_layers
 from kcache.current import get_runtime
 from kcache.host import patching
 from kcache.host.after_import import call_after_import, imported
@@ -487,3 +489,17 @@ def wait_for_uploads() -> None:
         pending = list(_uploads)
     for thread in pending:
         thread.join(max(0.0, deadline - time.monotonic()))
+
+
+# ---- the layer protocol (kcache.layers.protocol) -------------------------------------------------
+
+NAME = "vllm"
+STORES = (LAYER,)
+
+
+def selected(config: ClientConfig) -> bool:
+    return LAYER in selected_layers(config.layers)
+
+
+def install_layer(config: ClientConfig, hooked: ModuleType | None = None) -> None:
+    install()

@@ -90,10 +90,12 @@ import threading
 import time
 import types
 from collections.abc import Callable, Iterator
+from types import ModuleType
 from typing import Any
 
 from kcache_schemas import wire
 
+from kcache.config import ClientConfig, selected_layers
 from kcache.current import get_runtime
 from kcache.host import patching
 from kcache.host.after_import import call_after_import, imported
@@ -735,3 +737,17 @@ def _normalize(value: Any) -> Any:
     if isinstance(value, (set, frozenset)):
         return sorted(json.dumps(_normalize(v)) for v in value)
     return repr(value)
+
+
+# ---- the layer protocol (kcache.layers.protocol) -------------------------------------------------
+
+NAME = "dynamo"
+STORES = (LAYER,)
+
+
+def selected(config: ClientConfig) -> bool:
+    return LAYER in selected_layers(config.layers)
+
+
+def install_layer(config: ClientConfig, hooked: ModuleType | None = None) -> None:
+    install()

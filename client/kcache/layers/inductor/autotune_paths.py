@@ -25,8 +25,12 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
+from kcache_schemas import wire
+
+from kcache.config import ClientConfig, selected_layers
 from kcache.host import patching
 from kcache.host.after_import import imported
 from kcache.host.failopen import guard
@@ -73,3 +77,17 @@ def _wrap(original: Callable[[str, str], str]) -> Callable[[str, str], str]:
 
 def uninstall() -> None:
     patching.restore(PATCHES)
+
+
+# ---- the layer protocol (kcache.layers.protocol) -------------------------------------------------
+
+NAME = "autotune-paths"
+STORES: tuple[str, ...] = ()  # keys Inductor's local autotune cache, so a fresh node asks the autotune layer
+
+
+def selected(config: ClientConfig) -> bool:
+    return wire.CacheLayer.AUTOTUNE.value in selected_layers(config.layers)
+
+
+def install_layer(config: ClientConfig, hooked: ModuleType | None = None) -> None:
+    install()

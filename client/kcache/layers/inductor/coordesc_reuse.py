@@ -19,8 +19,10 @@ does nothing. ``KCACHE_COORDESC_REUSE=0`` turns it off.
 from __future__ import annotations
 
 import contextvars
+from types import ModuleType
 from typing import Any
 
+from kcache.config import ClientConfig
 from kcache.host import patching
 from kcache.host.failopen import guard
 
@@ -93,3 +95,17 @@ def install(enabled: bool = True) -> bool:
 
 def uninstall() -> None:
     patching.restore(PATCHES)
+
+
+# ---- the layer protocol (kcache.layers.protocol) -------------------------------------------------
+
+NAME = "coordesc-reuse"
+STORES: tuple[str, ...] = ()  # fixes how Inductor reads the autotune layer's winners
+
+
+def selected(config: ClientConfig) -> bool:
+    return config.coordesc_reuse  # KCACHE_COORDESC_REUSE
+
+
+def install_layer(config: ClientConfig, hooked: ModuleType | None = None) -> None:
+    install()

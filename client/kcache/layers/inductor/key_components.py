@@ -26,6 +26,7 @@ from typing import Any
 from kcache_schemas import wire
 from kcache_schemas.explain import KeyComponents, from_parts, parse_debug_lines
 
+from kcache.config import ClientConfig
 from kcache.current import get_runtime
 from kcache.host import patching
 from kcache.host.after_import import call_after_import
@@ -94,3 +95,17 @@ def install() -> None:
 
 def uninstall() -> None:
     patching.restore(PATCHES)
+
+
+# ---- the layer protocol (kcache.layers.protocol) -------------------------------------------------
+
+NAME = "key-components"
+STORES = (wire.CacheLayer.KEY_COMPONENTS.value,)
+
+
+def selected(config: ClientConfig) -> bool:
+    return True
+
+
+def install_layer(config: ClientConfig, hooked: ModuleType | None = None) -> None:
+    install()

@@ -17,10 +17,12 @@ import hashlib
 import importlib
 import logging
 import sys
+from types import ModuleType
 from typing import Any
 
 from kcache_schemas import InvalidKeyError, normalize_entry_key, wire
 
+from kcache.config import ClientConfig, selected_layers
 from kcache.current import get_runtime
 from kcache.host import patching
 from kcache.host.after_import import call_after_import, imported
@@ -214,3 +216,21 @@ def uninstall_remote_caches() -> None:
     _served.clear()
     patching.restore(PATCHES)
     fx_graph_reads.uninstall_fast_reads()
+
+
+# ---- the layer protocol (kcache.layers.protocol) -------------------------------------------------
+
+NAME = "inductor-remote-caches"
+STORES = tuple(LAYERS)
+
+
+def selected(config: ClientConfig) -> bool:
+    return True  # which of Inductor's caches: install_remote_caches reads KCACHE_LAYERS
+
+
+def install_layer(config: ClientConfig, hooked: ModuleType | None = None) -> None:
+    install_remote_caches(selected_layers(config.layers))
+
+
+def uninstall() -> None:
+    uninstall_remote_caches()  # also forgets the layers a later-loading module would serve

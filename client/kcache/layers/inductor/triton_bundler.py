@@ -19,10 +19,13 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
+from kcache_schemas import wire
 from kcache_schemas.pack import manifest_for_files
 
+from kcache.config import ClientConfig
 from kcache.current import get_runtime
 from kcache.host import patching
 from kcache.host.failopen import guard, warn_once
@@ -171,3 +174,21 @@ def _emit_through_kcache(rt: Runtime, tb_module: Any, bundle: Any) -> tuple[Any,
 
 def uninstall_bundler_hooks() -> None:
     patching.restore(PATCHES)
+
+
+# ---- the layer protocol (kcache.layers.protocol) -------------------------------------------------
+
+NAME = "triton-bundler"
+STORES = (wire.CacheLayer.KERNEL.value,)
+
+
+def selected(config: ClientConfig) -> bool:
+    return True
+
+
+def install_layer(config: ClientConfig, hooked: ModuleType | None = None) -> None:
+    install_bundler_hooks()
+
+
+def uninstall() -> None:
+    uninstall_bundler_hooks()

@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+from kcache.config import ClientConfig, selected_layers
 from kcache.host import patching
 from kcache.host.after_import import call_after_import, imported
 from kcache.host.failopen import guard, warn_once
@@ -418,3 +419,17 @@ def _wrap_build(original: Callable[..., Any], codecache: ModuleType) -> Callable
         return result
 
     return build
+
+
+# ---- the layer protocol (kcache.layers.protocol) -------------------------------------------------
+
+NAME = "inductor-cpp"
+STORES = (jit_layer.LAYER,)
+
+
+def selected(config: ClientConfig) -> bool:
+    return jit_layer.LAYER in selected_layers(config.layers)
+
+
+def install_layer(config: ClientConfig, hooked: ModuleType | None = None) -> None:
+    install()

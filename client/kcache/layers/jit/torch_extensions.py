@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+from kcache.config import ClientConfig, selected_layers
 from kcache.host import patching
 from kcache.host.after_import import call_after_import, imported
 from kcache.host.failopen import guard, warn_once
@@ -188,3 +189,17 @@ def _wrap_import(original: Callable[..., Any], ext: ModuleType) -> Callable[...,
         return original(module_name, path, *args, **kwargs)
 
     return _import_module_from_library
+
+
+# ---- the layer protocol (kcache.layers.protocol) -------------------------------------------------
+
+NAME = "torch-extensions"
+STORES = (jit_layer.LAYER,)
+
+
+def selected(config: ClientConfig) -> bool:
+    return jit_layer.LAYER in selected_layers(config.layers)
+
+
+def install_layer(config: ClientConfig, hooked: ModuleType | None = None) -> None:
+    install(hooked)

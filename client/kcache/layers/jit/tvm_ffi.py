@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+from kcache.config import ClientConfig, selected_layers
 from kcache.host import patching
 from kcache.host.after_import import call_after_import, imported
 from kcache.host.failopen import guard, warn_once
@@ -181,3 +182,17 @@ def _wrap_load(original: Callable[..., Any]) -> Callable[..., Any]:
         return original(path, *args, **kwargs)
 
     return load_module
+
+
+# ---- the layer protocol (kcache.layers.protocol) -------------------------------------------------
+
+NAME = "tvm-ffi"
+STORES = (jit_layer.LAYER,)
+
+
+def selected(config: ClientConfig) -> bool:
+    return jit_layer.LAYER in selected_layers(config.layers)
+
+
+def install_layer(config: ClientConfig, hooked: ModuleType | None = None) -> None:
+    install(hooked)

@@ -1,2 +1,2 @@
-"""Triton's layers: kcache's tiered cache manager (``TRITON_CACHE_MANAGER``) and the parts of
-Triton's kernel keys."""
+"""Triton's layers: kcache's tiered cache manager (``TRITON_CACHE_MANAGER``), the switch that
+routes Triton to it, and the parts of Triton's kernel keys."""

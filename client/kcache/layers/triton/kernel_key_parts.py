@@ -24,10 +24,13 @@ import sys
 import threading
 from collections import OrderedDict
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kcache.host import patching
 from kcache.host.failopen import guard, warn_once
+
+if TYPE_CHECKING:
+    from kcache.config import ClientConfig
 
 PATCHES = "kernel-key-parts"
 COMPILER = "triton.compiler.compiler"
@@ -167,3 +170,17 @@ def uninstall() -> None:
     patching.restore(PATCHES)
     with _lock:
         _remembered.clear()
+
+
+# ---- the layer protocol (kcache.layers.protocol) -------------------------------------------------
+
+NAME = "kernel-key-parts"
+STORES: tuple[str, ...] = ()  # remembers each key's parts, for explanations and the canary
+
+
+def selected(config: ClientConfig) -> bool:
+    return True
+
+
+def install_layer(config: ClientConfig, hooked: ModuleType | None = None) -> None:
+    install()
