@@ -274,12 +274,12 @@ MAX_ROOMS = 10  # modules and sub-wings of one wing
 # Modules of kcache.layers that are not layers themselves: the protocol and the registry, what
 # several layers share, and the parts of a layer that its registered module installs.
 LAYER_SUPPORT = {
-    "kcache.layers.protocol", "kcache.layers.registry",
+    "kcache.layers.protocol", "kcache.layers.layer_registry",
     "kcache.layers.key_context", "kcache.layers.key_canary", "kcache.layers.require_hit",
     "kcache.layers.inductor.fx_graph_reads",  # installed by remote_caches
     "kcache.layers.triton.cache_manager",  # Triton imports it; manager_switch switches it on
-    "kcache.layers.dynamo.entries", "kcache.layers.dynamo.payoff",
-    "kcache.layers.jit.layer", "kcache.layers.jit.keys", "kcache.layers.jit.headers", "kcache.layers.jit.ninja_builds",
+    "kcache.layers.dynamo.package_envelope", "kcache.layers.dynamo.payoff",
+    "kcache.layers.jit.layer", "kcache.layers.jit.content_keys", "kcache.layers.jit.headers", "kcache.layers.jit.ninja_builds",
 }
 HOST_PACKAGES = {"torch", "triton", "vllm", "tvm_ffi"}
 
@@ -333,8 +333,8 @@ def _defines(path: Path) -> set[str]:
 
 
 def _registered() -> list[str]:
-    """The module names of ``kcache.layers.registry.LAYERS``, read from its source."""
-    tree = ast.parse((CLIENT / "layers" / "registry.py").read_text())
+    """The module names of ``kcache.layers.layer_registry.LAYERS``, read from its source."""
+    tree = ast.parse((CLIENT / "layers" / "layer_registry.py").read_text())
     return [call.args[0].value for call in ast.walk(tree)
             if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "Registered"
             and call.args and isinstance(call.args[0], ast.Constant)]
@@ -349,7 +349,7 @@ def test_every_layer_is_registered_and_implements_the_protocol() -> None:
     modules = {m: p for m, p in ((_module_name(p, CLIENT), p) for p in _sources(CLIENT / "layers")) if p.name != "__init__.py"}
     assert not set(registered) - set(modules), f"registered but missing: {set(registered) - set(modules)}"
     unaccounted = set(modules) - set(registered) - LAYER_SUPPORT
-    assert not unaccounted, f"register these layers in kcache.layers.registry, or name them in LAYER_SUPPORT: {sorted(unaccounted)}"
+    assert not unaccounted, f"register these layers in kcache.layers.layer_registry, or name them in LAYER_SUPPORT: {sorted(unaccounted)}"
     assert not set(registered) & LAYER_SUPPORT
     protocol = {"NAME", "STORES", "selected", "install_layer", "uninstall"}
     incomplete = {m: sorted(protocol - _defines(modules[m])) for m in registered if protocol - _defines(modules[m])}
@@ -371,3 +371,13 @@ def test_only_layers_import_torch_triton_or_vllm_and_only_layers_patch() -> None
             patchers.append(name)
     assert not importers, f"import torch/Triton/vLLM/tvm-ffi only in kcache.layers: {importers}"
     assert not patchers, f"patch torch only from kcache.layers: {patchers}"
+
+
+def test_the_client_names_no_module_like_one_of_the_service_or_the_schemas() -> None:
+    """One name, one concept: a client module named like a service or schemas module (three
+    ``errors.py``, two ``stats.py``) sent readers to the wrong file. Where client and service are
+    two sides of one concept, the names say which side (``transport/workload.py`` publishes what
+    ``kcache_server/workloads.py`` stores)."""
+    other = {p.name for root in (SERVICE, SCHEMAS) for p in _sources(root)}
+    shared = sorted({p.name for p in _sources(CLIENT)} & other - {"__init__.py", "__main__.py"})
+    assert not shared, f"client modules named like service/schemas modules: {shared}"

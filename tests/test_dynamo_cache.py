@@ -27,7 +27,7 @@ pytestmark = pytest.mark.torch
 pytest_plugins = ["live"]
 
 from kcache.config import ClientConfig  # noqa: E402
-from kcache.layers.dynamo import entries as dynamo_entries  # noqa: E402
+from kcache.layers.dynamo import package_envelope as dynamo_entries  # noqa: E402
 from kcache.transport.http import KcacheClient  # noqa: E402
 from kcache_schemas import signature as envelope  # noqa: E402
 from kcache_schemas.signature import is_signed  # noqa: E402

@@ -1,5 +1,5 @@
 """The ``jit`` layer's parts that need no compiler: the entry container (kcache_schemas.jit) and
-content keys (kcache.layers.jit.keys): the same build at other paths has one key, anything a build is
+content keys (kcache.layers.jit.content_keys): the same build at other paths has one key, anything a build is
 made of changes it, and a miss names the part that changed."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import hashlib
 from pathlib import Path
 
 import pytest
-from kcache.layers.jit.keys import PathNames, Step, build_key, compiler_identity
+from kcache.layers.jit.content_keys import PathNames, Step, build_key, compiler_identity
 from kcache_schemas import jit
 from kcache_schemas.explain import diff, from_parts
 

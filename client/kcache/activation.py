@@ -1,5 +1,5 @@
 """What ``kcache.install()`` switches on, and ``kcache.uninstall()`` off: the process's runtime
-(:mod:`kcache.current`), then every cache layer of :mod:`kcache.layers.registry` in its order,
+(:mod:`kcache.current`), then every cache layer of :mod:`kcache.layers.layer_registry` in its order,
 each inside its own fail-open guard; uninstall walks the layers back."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from kcache.config import ClientConfig, settings_or_off
 from kcache.current import ensure_runtime, stop_runtime
 from kcache.host import patching
 from kcache.host.failopen import guard
-from kcache.layers import registry
+from kcache.layers import layer_registry as registry
 
 log = logging.getLogger("kcache")
 _env_before: dict[str, str | None] = {}  # KCACHE_* values install() replaced

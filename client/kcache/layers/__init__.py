@@ -1,6 +1,6 @@
 """The cache layers: one module per thing of torch's, Triton's or vLLM's that kcache serves, each
 installed into the host process and uninstalled again. Every layer implements one interface
-(:class:`.protocol.Layer`) and has one line in :mod:`.registry`, which activation walks.
+(:class:`.protocol.Layer`) and has one line in :mod:`.layer_registry`, which activation walks.
 
 Sub-wings by host framework: :mod:`.inductor` (Inductor's remote caches, the TritonBundler hooks,
 FX-graph reads and key components, autotune fixes), :mod:`.triton` (Triton's cache manager and

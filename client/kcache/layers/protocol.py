@@ -1,7 +1,7 @@
 """The one interface of a cache layer: a module that serves one of the host's caches.
 
 A layer is a module (PEP 544 lets a module implement a protocol; mypy checks every registered
-module against :class:`Layer` in :mod:`kcache.layers.registry`) with:
+module against :class:`Layer` in :mod:`kcache.layers.layer_registry`) with:
 
 * ``NAME``: what ``kcache doctor`` and people call it;
 * ``STORES``: the wire layers (``kcache_schemas.wire.CacheLayer`` values) it stores entries

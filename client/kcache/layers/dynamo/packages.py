@@ -45,7 +45,7 @@ kcache serves that cache fleet-wide:
   job dies), so after torch's ``install`` kcache moves Dynamo's name counter past the package's.
 * **only packages that pay** (:mod:`kcache.layers.dynamo.payoff`): the producer records with each
   package the seconds its compiles took (Dynamo, AOTAutograd and Inductor of the package's
-  frames, lazy backward compiles included; stored in :mod:`kcache.layers.dynamo.entries`' envelope and
+  frames, lazy backward compiles included; stored in :mod:`kcache.layers.dynamo.package_envelope`' envelope and
   as the entry's compile time). A consumer times ``torch.compile``'s wrapping with the package
   kcache supplied (lookup, fetch, unpickle, check, write, torch's initialize and install) and
   watches whether Dynamo compiles any of the package's codes afterwards. The rule: a package
@@ -100,7 +100,7 @@ from kcache.current import get_runtime
 from kcache.host import patching
 from kcache.host.after_import import call_after_import, imported
 from kcache.host.failopen import guard, warn_once
-from kcache.layers.dynamo import entries as dynamo_entries
+from kcache.layers.dynamo import package_envelope as dynamo_entries
 from kcache.layers.dynamo import payoff as dynamo_payoff
 from kcache.runtime import before_close
 from kcache.store import fingerprint
@@ -114,7 +114,7 @@ EVAL_FRAME_MODULE = "torch._dynamo.eval_frame"
 BYTECODE_MODULE = "torch._dynamo.bytecode_transformation"
 # A global Dynamo named with its unique_id counter (``__builtins_dict___1``, ``__resume_at_30_2``).
 _NUMBERED_GLOBAL = re.compile(r"^__\w*_(\d+)$")
-KEY_PREFIX = "pt2-precompile-v2:"  # v2: stored in kcache.layers.dynamo.entries' envelope
+KEY_PREFIX = "pt2-precompile-v2:"  # v2: stored in kcache.layers.dynamo.package_envelope' envelope
 
 _served = False
 _lock = threading.Lock()

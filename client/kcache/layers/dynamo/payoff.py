@@ -12,7 +12,7 @@ and then Dynamo traced the function again (2.2 s): that node was slower than one
   the package's codes (torch's ``CompilePackage.code_context`` spans one frame's Dynamo tracing,
   AOTAutograd and Inductor) plus the lazy backward compile of each of their graphs (torch's
   compile callbacks, trigger ``LAZY_BACKWARD``, keyed by the forward's compile id). It travels
-  with the package (:mod:`kcache.layers.dynamo.entries`).
+  with the package (:mod:`kcache.layers.dynamo.package_envelope`).
 * on a consumer, the seconds ``torch.compile``'s wrapping of the function took with the package
   kcache supplied (``load_s``: lookup, fetch, unpickle, check, write, initialize, install), and
   whether Dynamo then compiled a code of that package again (a guard that fails on this node:

@@ -30,7 +30,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from kcache.layers.jit.keys import file_sha
+from kcache.layers.jit.content_keys import file_sha
 
 # A directive at the start of a line; comments before the name are rare enough to be a miss.
 _INCLUDE = re.compile(rb'^[ \t]*#[ \t]*include[ \t]*([<"])([^>"\r\n]+)[>"]', re.MULTILINE)

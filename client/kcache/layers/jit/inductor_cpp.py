@@ -9,7 +9,7 @@ the compiler for ~15 s where a node with copied cache dirs took ~2 s.
 
 Inductor's own key for a module hashes its compile command with the absolute include dirs of the
 Python install and torch, so it is not portable; kcache keys the build by its content instead
-(:mod:`kcache.layers.jit.keys`: sources, normalised command lines, compiler, CPU, Python/torch ABI, the
+(:mod:`kcache.layers.jit.content_keys`: sources, normalised command lines, compiler, CPU, Python/torch ABI, the
 environment fingerprint). Hooks, each torch's original called unguarded and kcache's part inside
 one fail-open guard:
 
@@ -55,7 +55,7 @@ from kcache.host.failopen import guard, warn_once
 from kcache.layers.jit import layer as jit_layer
 
 if TYPE_CHECKING:
-    from kcache.layers.jit.keys import BuildKey
+    from kcache.layers.jit.content_keys import BuildKey
     from kcache.runtime import Runtime
 
 PATCHES = "inductor-cpp"
@@ -160,7 +160,7 @@ def _chain(builders: Any) -> tuple[Any, ...] | None:
 
 @functools.lru_cache(maxsize=4)
 def _path_names(cache_dir: str) -> Any:
-    from kcache.layers.jit.keys import PathNames
+    from kcache.layers.jit.content_keys import PathNames
 
     torch = imported("torch")
     torch_dir = os.path.dirname(getattr(torch, "__file__", "") or "")
@@ -176,7 +176,7 @@ def _inductor_cache_dir(codecache: ModuleType) -> str:
 
 
 def _build_key(codecache: ModuleType, chain: Sequence[Any]) -> BuildKey:
-    from kcache.layers.jit.keys import Step, build_key
+    from kcache.layers.jit.content_keys import Step, build_key
     from kcache.store import fingerprint
 
     steps = [Step(str(b.get_command_line()), str(b.get_target_file_path())) for b in chain]

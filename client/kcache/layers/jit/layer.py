@@ -2,7 +2,7 @@
 
 One layer, one adapter per builder (``kcache.layers.jit.inductor_cpp``: Inductor's own C++ builds;
 ``kcache.layers.jit.torch_extensions``: torch's cpp_extension; ``kcache.layers.jit.tvm_ffi``: tvm-ffi's JIT). An
-adapter computes the content key of a build (:mod:`kcache.layers.jit.keys`), asks :func:`fetch` before
+adapter computes the content key of a build (:mod:`kcache.layers.jit.content_keys`), asks :func:`fetch` before
 the builder runs the compiler, writes what it gets where the builder looks with
 :func:`install_file`, and hands what the builder compiled to :func:`upload`.
 
@@ -32,7 +32,7 @@ from kcache.host.failopen import warn_once
 from kcache.host.process_roles import in_inductor_compile_worker
 
 if TYPE_CHECKING:
-    from kcache.layers.jit.keys import BuildKey
+    from kcache.layers.jit.content_keys import BuildKey
     from kcache.runtime import Runtime
 
 LAYER = wire.CacheLayer.JIT.value

@@ -3,7 +3,7 @@ what it reads.
 
 torch's cpp_extension and tvm-ffi (FlashInfer's builder) both write a ``build.ninja`` into their
 build dir and run ninja there; ninja decides from its log and mtimes, which a fresh node lacks.
-kcache keys such a build by (:func:`kcache.layers.jit.keys.build_key`):
+kcache keys such a build by (:func:`kcache.layers.jit.content_keys.build_key`):
 
 * every line of ``build.ninja`` (all flags builder and user chose, the compilers, the rules), its
   paths named (the build dir is ``<build>``; the builder's and the Python install's dirs), each
@@ -23,8 +23,8 @@ import shlex
 import sysconfig
 from collections.abc import Iterable, Mapping, Sequence
 
+from kcache.layers.jit.content_keys import BuildKey, PathNames, Step, build_key, file_sha
 from kcache.layers.jit.headers import included_headers, search_path
-from kcache.layers.jit.keys import BuildKey, PathNames, Step, build_key, file_sha
 
 BUILD_FILE = "build.ninja"
 # Tool variables builders write ("cxx = c++", "nvcc = /usr/local/cuda/bin/nvcc", "cc = cc").

@@ -40,7 +40,7 @@ from kcache.host.failopen import guard, warn_once
 from kcache.layers.jit import layer as jit_layer
 
 if TYPE_CHECKING:
-    from kcache.layers.jit.keys import BuildKey
+    from kcache.layers.jit.content_keys import BuildKey
     from kcache.runtime import Runtime
 
 PATCHES = "tvm-ffi-jit"
