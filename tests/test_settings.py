@@ -18,7 +18,7 @@ from kcache.config import ClientConfig, settings_or_off
 from kcache.errors import ConfigError
 from kcache.stats import load_stats
 from kcache_schemas.units import parse_bytes, parse_duration
-from kcache_server.retention import RetentionConfig
+from kcache_server.retention_rules import RetentionConfig
 from kcache_server.server import serve
 from kcache_server.settings import Settings
 

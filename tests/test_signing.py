@@ -339,7 +339,7 @@ def test_producer_keys_settings_are_checked_at_start_up(keys: dict[str, KeyPair]
     keys_file = tmp_path / "producer-keys.json"
     keys_file.write_text(json.dumps({"*": [keys["a"].public_line], "team-b": [keys["b"].public_line]}))
     settings = Settings(data_dir=tmp_path, producer_keys_file=keys_file)
-    from kcache_server.signatures import registered_keys
+    from kcache_server.producer_keys import registered_keys
 
     assert registered_keys(settings.registered_keys, "team-b").key_ids() == sorted([keys["a"].key_id, keys["b"].key_id])
     assert registered_keys(settings.registered_keys, "anything").key_ids() == [keys["a"].key_id]

@@ -18,7 +18,7 @@ from kcache_schemas.errors import STATUS
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from kcache_server.errors import InvalidBody, ServiceError
+from kcache_server.domain_errors import InvalidBody, ServiceError
 from kcache_server.storage import BackendUnavailable
 
 log = logging.getLogger("kcache_server")

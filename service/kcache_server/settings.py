@@ -22,7 +22,7 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from kcache_server.retention import ByteSize, Duration, RetentionConfig, parse_retention
+from kcache_server.retention_rules import ByteSize, Duration, RetentionConfig, parse_retention
 
 ENV_PREFIX = "KCACHE_"
 
@@ -83,7 +83,7 @@ class Settings(BaseSettings):
     tokens_file: Path | None = None
     tokens: str | None = Field(default=None, description="JSON list of token grants")
     # Per namespace, the Ed25519 public keys whose signatures it requires on entry uploads
-    # (kcache_server.signatures); a JSON object {namespace or "*": [public key, ...]}.
+    # (kcache_server.producer_keys); a JSON object {namespace or "*": [public key, ...]}.
     producer_keys_file: Path | None = None
     producer_keys: str | None = Field(default=None, description="JSON object: namespace -> public keys")
     max_pack_bytes: ByteSize = 64 << 20
@@ -92,7 +92,7 @@ class Settings(BaseSettings):
     max_unpacked_bytes: ByteSize = 64 << 20
     max_entry_bytes: ByteSize = 256 << 20
     # Bytes one replica (worker process) lets heavy requests hold at once: bodies being received,
-    # packs being verified or opened (kcache_server.budget). Beyond it: 503 + Retry-After. 0: no
+    # packs being verified or opened (kcache_server.memory_budget). Beyond it: 503 + Retry-After. 0: no
     # cap. 4 workers x (256 MiB + ~85 MiB idle) fit the Helm chart's default 2 GiB limit.
     memory_budget_bytes: ByteSize = 256 << 20
     # A request body must keep arriving (at most this long between parts) and be complete this
@@ -108,7 +108,7 @@ class Settings(BaseSettings):
     # One INFO line per kernel pack or entry handed out, with its key (kcache_server.downloads):
     # per-key download counts, e.g. to prove the processes of a node fetch each artifact once.
     download_log: bool = False
-    retention: str | None = Field(default=None, description="JSON retention rules (see kcache_server.retention)")
+    retention: str | None = Field(default=None, description="JSON retention rules (see kcache_server.retention_rules)")
     retention_file: Path | None = None
 
     @property

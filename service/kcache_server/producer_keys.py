@@ -20,7 +20,7 @@ from kcache_schemas import EntryInfo, EntrySignature
 from kcache_schemas import signature as envelope
 from kcache_schemas.signature import SignatureError, TrustedKeys
 
-from kcache_server.errors import UntrustedSignature
+from kcache_server.domain_errors import UntrustedSignature
 
 ALL_NAMESPACES = "*"
 
