@@ -161,7 +161,7 @@ def _fill_sqlite(index: Any, records: list[Any]) -> None:
 
 def measure_gc(name: str, index: Any, blob_root: Path, metas: list[Any], n: int, repeats: int) -> dict[str, Any]:
     from kcache_schemas import PackLimits
-    from kcache_schemas.retention import GcRequest
+    from kcache_schemas.gc_models import GcRequest
     from kcache_server.storage.file_blobs import FileBlobStore
     from kcache_server.store import CacheStore
 

@@ -251,6 +251,61 @@ def test_the_torch_marker_check_finds_a_module_that_touches_torch() -> None:
     assert not _touches_torch('ENV = {"torch": "2.13.0", "triton": "3.9.0"}\n')
 
 
+# ---- names: one file name, one module ---------------------------------------------------------
+
+SHIPPED = (CLIENT, SCHEMAS, SERVICE)
+TWO_SIDES = "two sides of one concept"
+
+
+def _docstring(path: Path) -> str:
+    return ast.get_docstring(ast.parse(path.read_text())) or ""
+
+
+def _dotted(path: Path, root: Path = REPO) -> str:
+    """``service/kcache_server/store/gc.py`` -> ``kcache_server.store.gc``."""
+    return ".".join(path.relative_to(root).with_suffix("").parts[1:])
+
+
+def shared_file_names(paths: list[Path], root: Path = REPO) -> list[str]:
+    """Modules whose file name another module has too, unless both docstrings say they are the
+    two sides of one concept and name the other (``kcache_schemas.purge`` and ``kcache.purge``)."""
+    by_name: dict[str, list[Path]] = {}
+    for p in paths:
+        if p.name != "__init__.py":
+            by_name.setdefault(p.name, []).append(p)
+    found = []
+    for name, group in sorted(by_name.items()):
+        for p in group:
+            doc = " ".join(_docstring(p).split())
+            others = [q for q in group if q != p]
+            if others and not (TWO_SIDES in doc and all(_dotted(q, root) in doc for q in others)):
+                found.append(f"{name}: {', '.join(str(q.relative_to(root)) for q in group)}")
+                break
+    return found
+
+
+def test_no_two_modules_share_a_file_name_unless_two_sides_of_one_concept() -> None:
+    """A file name says what a module is, so it names one module of client, schemas and service
+    (read from the tree: a rename anywhere is checked as it lands). Where two modules really are
+    the two sides of one concept, each docstring says "two sides of one concept" and names the other."""
+    shared = shared_file_names([p for root in SHIPPED for p in _sources(root)])
+    assert not shared, "rename one of each (or say in both docstrings that they are the two sides of one concept):\n" + "\n".join(shared)
+
+
+def test_the_file_name_check_finds_a_shared_name(tmp_path: Path) -> None:
+    schemas, client = tmp_path / "schemas" / "kcache_schemas" / "errors.py", tmp_path / "client" / "kcache" / "errors.py"
+    for p in (schemas, client, tmp_path / "client" / "kcache" / "__init__.py", tmp_path / "schemas" / "kcache_schemas" / "__init__.py"):
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text('"""Errors."""\n')
+    paths = sorted(tmp_path.rglob("*.py"))
+    assert shared_file_names(paths, tmp_path) == ["errors.py: client/kcache/errors.py, schemas/kcache_schemas/errors.py"]
+    schemas.write_text(f'"""The wire side; {TWO_SIDES} with kcache.errors."""\n')
+    assert shared_file_names(paths, tmp_path), "one docstring alone does not make two sides"
+    client.write_text(f'"""The client side: the {TWO_SIDES}\nwith kcache_schemas.errors."""\n')
+    assert shared_file_names(paths, tmp_path) == []
+    assert _dotted(SERVICE / "store" / "gc.py") == "kcache_server.store.gc"
+
+
 # ---- the service's store: split by concern, in one shape ------------------------------------
 
 STORE = SERVICE / "store"

@@ -25,7 +25,7 @@ import httpx
 import pytest
 from kcache.cli import main as kcache_main
 from kcache.stats import load_stats
-from kcache_schemas.canary import UnsoundReport
+from kcache_schemas.unsound_reports import UnsoundReport
 
 from kcache_testkit.nodes import Node
 

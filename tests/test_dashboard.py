@@ -225,8 +225,8 @@ def test_dashboard_in_chromium(tmp_path: Path, real_kernel_dirs: list[Path]) -> 
             assert httpx.put(f"{svc.url}/v1/default/kernels/{key}", content=pack, headers=write).status_code == 201
         keys = sorted(packs)
         # A key a node's canary found unsound (kcache.canary): listed with what differed and the suspects.
-        from kcache_schemas.canary import UnsoundReport
-        from kcache_schemas.explain import Change, KeyComponents
+        from kcache_schemas.key_diff import Change, KeyComponents
+        from kcache_schemas.unsound_reports import UnsoundReport
 
         recorded = KeyComponents(layer="kernel", key=keys[0])
         unsound = UnsoundReport(layer="kernel", key=keys[0], compared="kernel files", served_digest="a" * 64, own_digest="b" * 64,

@@ -23,8 +23,8 @@ torch = pytest.importorskip("torch")  # tvm_ffi imports torch first when it is i
 from kcache.config import ClientConfig  # noqa: E402
 from kcache.http import KcacheClient  # noqa: E402
 from kcache_schemas import jit  # noqa: E402
-from kcache_schemas.signature import is_signed  # noqa: E402
-from kcache_schemas.signature import parse as parse_envelope  # noqa: E402
+from kcache_schemas.signed_envelope import is_signed  # noqa: E402
+from kcache_schemas.signed_envelope import parse as parse_envelope  # noqa: E402
 
 from kcache_testkit.cpu_jit import TVM_FFI_JOB, JobRun, run_job  # noqa: E402
 from kcache_testkit.nodes import Node  # noqa: E402

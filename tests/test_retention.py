@@ -22,8 +22,8 @@ import pytest
 from api_helpers import ADMIN_TOKEN, WRITE_TOKEN
 from fastapi.testclient import TestClient
 from kcache_schemas import PackLimits, Producer
+from kcache_schemas.gc_models import GcReport, GcRequest
 from kcache_schemas.models import EntryRef, EnvFingerprint, WorkloadManifest
-from kcache_schemas.retention import GcReport, GcRequest
 from kcache_schemas.units import parse_bytes, parse_duration
 from kcache_server.app import create_app
 from kcache_server.domain_errors import GcBusy, InsufficientStorage, InvalidRequest, NotFound

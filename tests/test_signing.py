@@ -25,8 +25,8 @@ from kcache.fingerprint import current
 from kcache.http import KcacheClient
 from kcache.runtime import Runtime
 from kcache.signing import LEGACY_HMAC_MAGIC, EntrySigning, _legacy_mac
-from kcache_schemas import signature as envelope
-from kcache_schemas.signature import SignatureError
+from kcache_schemas import signed_envelope as envelope
+from kcache_schemas.signed_envelope import SignatureError
 from kcache_server.app import create_app
 from kcache_server.settings import Settings
 from pydantic import ValidationError

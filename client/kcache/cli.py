@@ -24,9 +24,9 @@ from kcache.config import ClientConfig
 from kcache.errors import ConfigError, KcacheError, NotFound, Quarantined, ServiceUnavailable
 
 if TYPE_CHECKING:
+    from kcache_schemas.gc_models import GcReport
     from kcache_schemas.models import EntryInfo, QuarantineInfo
     from kcache_schemas.purge import PurgeReport
-    from kcache_schemas.retention import GcReport
 
     from kcache.http import KcacheClient
 
@@ -387,8 +387,8 @@ def _inspect_entry(args: argparse.Namespace) -> int:
     """An entry's metadata, who signed it with what provenance, and whether this machine's
     signing settings accept it (exit 1 if they refuse it)."""
     from kcache_schemas import InvalidKeyError, normalize_entry_key, validate_layer
-    from kcache_schemas import signature as envelope
-    from kcache_schemas.signature import SignatureError
+    from kcache_schemas import signed_envelope as envelope
+    from kcache_schemas.signed_envelope import SignatureError
 
     from kcache.signing import LEGACY_HMAC_MAGIC, EntrySigning
 
@@ -517,7 +517,7 @@ def _gc(args: argparse.Namespace) -> int:
     the prompt when stdin is a terminal; ``--dry-run`` only shows it (huggingface_hub's
     scan -> plan -> dry-run -> execute)."""
     from kcache_schemas import wire
-    from kcache_schemas.retention import GcReport, GcRequest
+    from kcache_schemas.gc_models import GcReport, GcRequest
     from pydantic import ValidationError
 
     try:
@@ -638,7 +638,7 @@ def format_gc_report(r: GcReport) -> str:
     """The plan (what, how many bytes, why) and what was done, for people."""
     from datetime import datetime
 
-    from kcache_schemas.retention import REASON_BUDGET, REASON_ENV, REASON_TTL
+    from kcache_schemas.gc_models import REASON_BUDGET, REASON_ENV, REASON_TTL
     from kcache_schemas.units import format_bytes as size
     from kcache_schemas.units import format_duration as ago
 
@@ -692,7 +692,7 @@ def format_gc_report(r: GcReport) -> str:
 def _pin(args: argparse.Namespace) -> int:
     """Pin a workload (its kernels and entries are never evicted); without a name, list pins."""
     from kcache_schemas import wire
-    from kcache_schemas.retention import Pin, PinList
+    from kcache_schemas.gc_models import Pin, PinList
 
     client = _client(args)
     ns = client.config.namespace

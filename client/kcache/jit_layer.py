@@ -85,7 +85,7 @@ def refuse(rt: Runtime, key: str, why: str) -> None:
 
 def missed(rt: Runtime, build: BuildKey) -> None:
     """Counted for ``kcache explain``, with the key's parts stored beside it."""
-    from kcache_schemas.explain import from_parts
+    from kcache_schemas.key_diff import from_parts
 
     rt.record_miss(from_parts(LAYER, build.key, build.parts), now=in_inductor_compile_worker())
 

@@ -1,7 +1,7 @@
 """Cache-hit reports: the one-line summary at exit, ``kcache stats`` (text, JSON, Markdown, JUnit),
 ``--fail-under``, and sending a process's stats to its run on the service at exit.
 
-Everything here reads a :class:`kcache_schemas.stats.StatsDocument`: a local one from
+Everything here reads a :class:`kcache_schemas.stats_document.StatsDocument`: a local one from
 ``KCACHE_STATS_FILE`` or a run on the service (``wire.RUN``), whose aggregate converts to one.
 Hit rate is ``hits / (hits + misses + errors)``: errors count against it and are always shown on
 their own, never folded into misses.
@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from xml.etree import ElementTree as ET
 
 from kcache_schemas import wire
-from kcache_schemas.stats import (
+from kcache_schemas.stats_document import (
     LayerCounts,
     RunAggregate,
     RunStatsReport,

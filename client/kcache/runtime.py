@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from kcache_schemas import KernelManifest, PackError, Producer, wire
-from kcache_schemas import signature as envelope
-from kcache_schemas.explain import (
+from kcache_schemas import signed_envelope as envelope
+from kcache_schemas.key_diff import (
     WORKLOAD_MISS,
     KeyComponents,
     components_key,
@@ -24,10 +24,10 @@ from kcache_schemas.explain import (
     identity,
     identity_marker,
 )
-from kcache_schemas.signature import SignatureError
+from kcache_schemas.signed_envelope import SignatureError
 
 if TYPE_CHECKING:
-    from kcache_schemas.canary import UnsoundReport
+    from kcache_schemas.unsound_reports import UnsoundReport
 
     from kcache.workload import Prefetcher
 

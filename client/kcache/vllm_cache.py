@@ -64,7 +64,7 @@ from typing import Any
 
 from kcache_schemas import tree as trees
 from kcache_schemas import wire
-from kcache_schemas.explain import KeyComponents, from_parts
+from kcache_schemas.key_diff import KeyComponents, from_parts
 
 from kcache import fingerprint, patching
 from kcache.after_import import call_after_import, imported

@@ -205,7 +205,7 @@ class BatchUrls(_Model):
 
 class Provenance(BaseModel):
     """Where and how a signed entry was made: signed together with the entry (see
-    :mod:`kcache_schemas.signature`). Unlike :class:`Producer` it names the producing host: a
+    :mod:`kcache_schemas.signed_envelope`). Unlike :class:`Producer` it names the producing host: a
     signed entry is meant to be traced back to the machine and the job that made it.
 
     Fields a newer producer adds are ignored, not refused (they are still covered by the

@@ -13,12 +13,12 @@ from kcache_schemas import ErrorCode
 
 
 class ServiceError(Exception):
-    """A request the service refuses; ``code`` decides the status (``kcache_schemas.errors.STATUS``),
+    """A request the service refuses; ``code`` decides the status (``kcache_schemas.error_codes.STATUS``),
     ``headers`` go with the answer (what HTTP asks of that status)."""
 
     code: ErrorCode = ErrorCode.INVALID_REQUEST
     headers: dict[str, str] | None = None
-    status: int | None = None  # where it differs from the code's (kcache_schemas.errors.STATUS)
+    status: int | None = None  # where it differs from the code's (kcache_schemas.error_codes.STATUS)
 
     def __init__(self, message: str, detail: Any = None) -> None:
         super().__init__(message)

@@ -46,7 +46,7 @@ from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request, Response
 from kcache_schemas import wire
-from kcache_schemas.retention import REASON_ORPHAN, GcReport
+from kcache_schemas.gc_models import REASON_ORPHAN, GcReport
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,

@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from kcache_schemas import validate_namespace
-from kcache_schemas.retention import RetentionPolicy
+from kcache_schemas.gc_models import RetentionPolicy
 from kcache_schemas.units import parse_bytes, parse_duration
 from pydantic import (
     BaseModel,

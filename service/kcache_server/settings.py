@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Literal
 
 from kcache_schemas import validate_namespace
-from kcache_schemas.signature import TrustedKeys, parse_public_key
+from kcache_schemas.signed_envelope import TrustedKeys, parse_public_key
 from pydantic import (
     BaseModel,
     Field,

@@ -8,8 +8,8 @@ from typing import Annotated
 from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from kcache_schemas import wire
-from kcache_schemas.canary import MAX_LISTED, UnsoundList, UnsoundReport
 from kcache_schemas.purge import PurgeReport, PurgeRequest
+from kcache_schemas.unsound_reports import MAX_LISTED, UnsoundList, UnsoundReport
 
 from kcache_server.deps import (
     CanAdmin,

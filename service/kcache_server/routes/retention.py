@@ -7,7 +7,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Response
 from kcache_schemas import validate_workload_name, wire
-from kcache_schemas.retention import GcReport, GcRequest, GcStatus, Pin, PinList
+from kcache_schemas.gc_models import GcReport, GcRequest, GcStatus, Pin, PinList
 
 from kcache_server.deps import CanAdmin, CanRead, Namespace, StoreDep
 

@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from kcache_schemas import validate_run_id, wire
-from kcache_schemas.stats import RunAggregate, RunList
+from kcache_schemas.stats_document import RunAggregate, RunList
 
 from kcache_server.auth import Authenticator
 from kcache_server.deps import CanRead, CanWrite, Namespace, StoreDep, get_auth, read_body

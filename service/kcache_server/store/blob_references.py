@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from kcache_schemas.retention import Amount
+from kcache_schemas.gc_models import Amount
 
 from kcache_server.storage import BackendUnavailable, BlobStore, Index, IndexRecord
 from kcache_server.storage.base import blob_ref, new_token

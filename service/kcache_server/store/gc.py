@@ -43,8 +43,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from kcache_schemas.models import EnvFingerprint, WorkloadManifest
-from kcache_schemas.retention import (
+from kcache_schemas.gc_models import (
     ENV_FIELDS,
     REASON_BUDGET,
     REASON_ENV,
@@ -56,6 +55,7 @@ from kcache_schemas.retention import (
     GcStatus,
     RetentionPolicy,
 )
+from kcache_schemas.models import EnvFingerprint, WorkloadManifest
 from kcache_schemas.units import format_bytes, format_duration
 from pydantic import ValidationError
 

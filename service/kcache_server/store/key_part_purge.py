@@ -16,9 +16,9 @@ import json
 import time
 from collections.abc import Iterator
 
-from kcache_schemas import signature as envelope
+from kcache_schemas import signed_envelope as envelope
 from kcache_schemas import wire
-from kcache_schemas.explain import IDENTITY_MARK, KeyComponents, graph_key
+from kcache_schemas.key_diff import IDENTITY_MARK, KeyComponents, graph_key
 from kcache_schemas.models import EntryInfo
 from kcache_schemas.purge import (
     ENVIRONMENT_FIELDS,

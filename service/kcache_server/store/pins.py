@@ -11,7 +11,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 
 from kcache_schemas import wire
-from kcache_schemas.retention import Pin, PinList
+from kcache_schemas.gc_models import Pin, PinList
 
 from kcache_server.domain_errors import NotFound
 from kcache_server.kinds import PIN, workload_kind

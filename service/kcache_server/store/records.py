@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from kcache_schemas.retention import Amount
+from kcache_schemas.gc_models import Amount
 
 from kcache_server.kinds import collapse_usage, is_cache_kind
 from kcache_server.storage import Index, IndexRecord

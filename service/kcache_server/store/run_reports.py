@@ -13,7 +13,7 @@ import json
 import re
 import time
 
-from kcache_schemas.stats import RunAggregate, RunList, RunStatsReport, StatsDocument
+from kcache_schemas.stats_document import RunAggregate, RunList, RunStatsReport, StatsDocument
 from pydantic import ValidationError
 
 from kcache_server.domain_errors import InvalidBody, NotFound

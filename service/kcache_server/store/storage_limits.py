@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from kcache_schemas.retention import RetentionPolicy
+from kcache_schemas.gc_models import RetentionPolicy
 from kcache_schemas.units import format_bytes
 
 from kcache_server.domain_errors import InsufficientStorage

@@ -1,4 +1,4 @@
-"""Unsound keys: what a node's key-soundness canary reported (:mod:`kcache_schemas.canary`).
+"""Unsound keys: what a node's key-soundness canary reported (:mod:`kcache_schemas.unsound_reports`).
 
 One record per ``(layer, key)`` (kind ``unsound/<layer>``, no blob, never evicted, like the
 quarantine markers it comes with): the first report stands, later ones for the same key answer
@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from datetime import datetime, timezone
 
-from kcache_schemas.canary import MAX_LISTED, UnsoundList, UnsoundReport
+from kcache_schemas.unsound_reports import MAX_LISTED, UnsoundList, UnsoundReport
 from pydantic import ValidationError
 
 from kcache_server.domain_errors import InvalidBody, NotFound

@@ -19,7 +19,7 @@ from typing import Annotated, Any, Final, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema
 
-from kcache_schemas.explain import MAX_MISS_RECORDS, MissRecord, merge_misses
+from kcache_schemas.key_diff import MAX_MISS_RECORDS, MissRecord, merge_misses
 from kcache_schemas.models import EnvFingerprint, RunId, WorkloadName
 
 STATS_FORMAT: Final = "kcache-stats"
