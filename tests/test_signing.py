@@ -31,6 +31,8 @@ from kcache_server.app import create_app
 from kcache_server.settings import Settings
 from pydantic import ValidationError
 
+from kcache_testkit.pace import PATIENT_DEADLINES
+
 pytestmark = pytest.mark.torch
 
 if TYPE_CHECKING:
@@ -75,7 +77,7 @@ def keys(tmp_path_factory: pytest.TempPathFactory) -> dict[str, KeyPair]:
 
 
 def runtime(url: str, tmp: Path, name: str, **options: Any) -> Runtime:
-    return Runtime(ClientConfig(url=url, local_dir=str(tmp / name), **options))
+    return Runtime(ClientConfig(url=url, local_dir=str(tmp / name), **{**PATIENT_DEADLINES, **options}))
 
 
 @pytest.fixture

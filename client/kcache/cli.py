@@ -1067,8 +1067,8 @@ def build_parser() -> argparse.ArgumentParser:
     purge.set_defaults(func=_purge)
 
     stats = remote(sub.add_parser("stats", help="cache-hit statistics: this machine's, a stats file's or a run's; gate CI with --fail-under"))
-    stats.add_argument("--file", help="stats file or dir written via KCACHE_STATS_FILE (default: $KCACHE_STATS_FILE, else $KCACHE_RUN_ID's run, else this machine's: every process since --zero)")
-    stats.add_argument("--run", metavar="ID", help="a run on the service (KCACHE_RUN_ID of its processes)")
+    stats.add_argument("--file", help="stats file or dir written via KCACHE_STATS_FILE (default: $KCACHE_STATS_FILE, else this job's run: $KCACHE_RUN_ID or its launcher's id (CI, SLURM, torchrun: kcache doctor shows it), else this machine's: every process since --zero)")
+    stats.add_argument("--run", metavar="ID", help="a run on the service (KCACHE_RUN_ID of its processes, or the id derived from their launcher: gh-..., slurm-..., torchrun-...)")
     stats.add_argument("--format", choices=("text", "json", "markdown", "junit"), default="text",
                        help="text (default), json, markdown (a CI step summary) or junit (a CI test report)")
     stats.add_argument("--fail-under", type=hit_rate_bar, metavar="RATE", help="exit 2 if the hit rate is below RATE: 80%%, 80 or 0.8 (a number below 1 is a fraction)")

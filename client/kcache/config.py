@@ -218,6 +218,9 @@ class ClientConfig:
     stats_file: str | None = None
     report: bool = False
     run_id: str | None = None
+    # Where run_id came from: KCACHE_RUN_ID, or the launcher variable it was derived from
+    # (kcache.launchers); None: no run.
+    run_source: str | None = None
     signing_key: str | None = field(default=None, repr=False)  # HMAC secret (see kcache.signing)
     signing_private_key: str | None = field(default=None, repr=False)  # Ed25519: a PEM file, or the key itself
     trusted_keys: str | None = None  # Ed25519 public keys accepted: files and/or keys, comma-separated
@@ -277,6 +280,12 @@ class ClientConfig:
             from kcache.errors import ConfigError  # brings httpx and pydantic: only when refusing
 
             raise ConfigError("invalid settings: " + "; ".join(problems))
+        from kcache.launchers import EXPLICIT, derive_run_id
+
+        if "run_id" in values:
+            values["run_source"] = EXPLICIT
+        elif derived := derive_run_id():  # a job that did not name itself: its launcher's id (CI, SLURM, torchrun, ...)
+            values["run_id"], values["run_source"] = derived
         known = {f.name for f in fields(cls)}
         extra = {k: v for k, v in overrides.items() if v is not None and k not in _VARIABLES}
         if unknown := sorted(set(extra) - known):

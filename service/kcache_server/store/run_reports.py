@@ -1,9 +1,11 @@
 """Runs: cache-hit statistics per CI job or training run, summed over its processes.
 
-A *run* is what clients with the same ``KCACHE_RUN_ID`` did (a CI job, a training job across its
-ranks). Each process reports its own counters at exit; each report is its own index record (kind
-``run/<run_id>``, key ``<host>-<pid>-<report id>``), so concurrent ranks never overwrite each
-other and a retried report is stored once. Reads sum the reports. A small ``run`` marker per run
+A *run* is what clients with the same run id did (a CI job, a training job across its ranks): their
+``KCACHE_RUN_ID``, or the id they derived from their launcher (``kcache.launchers``), whose
+variable each report names (``run_source``, shown with the run). Each process reports its own
+counters at exit; each report is its own index record (kind ``run/<run_id>``, key
+``<host>-<pid>-<report id>``), so concurrent ranks never overwrite each other and a retried report
+is stored once. Reads sum the reports. A small ``run`` marker per run
 (key ``run_id``) remembers when it was last reported to, for listing runs newest first.
 """
 
