@@ -7,8 +7,10 @@ checked with one ``kernels:missing`` call per batch so only what the service lac
 sent. When the queue is full new work is dropped and counted rather than blocking a compile.
 
 **Quiet moments.** The thread is still Python: it takes the GIL (and a core) from the compile it
-would overlap, and a populating node measured 1.13-1.31x a cold one on a max-autotune compile. So
-it sends only once the compile path has been quiet for ``QUIET_S`` (kcache's hooks mark it busy:
+would overlap, and the service it feeds is the one that answers the compile's lookups (a populating
+max-autotune node spent 47 ms per kernel miss with uploads alongside; bench/populate_overhead.py:
+kcache's lookup time halved when they waited). So it sends only once the compile path has been
+quiet for ``QUIET_S`` (kcache's hooks mark it busy:
 :meth:`Uploader.compile_activity`), unless the queue is half full; a ``flush`` (at exit) sends at
 once, everything left, whatever the compile path does. At exit, ``flush`` waits at most
 ``flush_timeout_s``.
