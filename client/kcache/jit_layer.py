@@ -91,7 +91,8 @@ def missed(rt: Runtime, build: BuildKey) -> None:
 
 
 def upload(rt: Runtime, key: str, adapter: str, files: Mapping[str, bytes], build_s: float | None) -> None:
-    rt.put_entry(LAYER, key, artifact.encode(adapter, files), build_s, now=in_inductor_compile_worker())
+    # Encoded (sizes, sha256 of every file) in the uploader thread, off the build's path.
+    rt.put_entry(LAYER, key, functools.partial(artifact.encode, adapter, dict(files)), build_s, now=in_inductor_compile_worker())
 
 
 def install_file(path: str, data: bytes, mode: int = 0o755) -> None:

@@ -7,6 +7,7 @@ Triton. Misses and errors are counted apart.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import threading
@@ -172,6 +173,7 @@ class Runtime:
     # ---- kernels --------------------------------------------------------------------------
 
     def note_kernel(self, key: str) -> None:
+        self.compile_activity()
         with self._lock:
             self.used_kernels.add(key)
 
@@ -198,6 +200,7 @@ class Runtime:
         client = self.client
         if client is None or (KERNEL_LAYER, key) in self.quarantined:
             return None
+        self.compile_activity()
         with self.stats.timed(KERNEL_LAYER):
             pack = self._kernel_pack(client, key)
         if pack is not None:
@@ -215,6 +218,7 @@ class Runtime:
         if (KERNEL_LAYER, key) in self.quarantined:
             self.stats.miss(KERNEL_LAYER, "quarantined")
             return None
+        self.compile_activity()
         with self.stats.timed(KERNEL_LAYER):
             pack = self._kernel_pack(client, key)
             if pack is None:
@@ -307,6 +311,7 @@ class Runtime:
         if (layer, key) in self.quarantined:
             self.stats.miss(layer, "quarantined")
             return None
+        self.compile_activity()
         with self.stats.timed(layer):
             refused: SignatureError | None = None
             data: bytes | None = None
@@ -483,12 +488,15 @@ class Runtime:
                 marker = identity_marker(missed.layer, ident, missed.key)
                 self.put_entry(layer, marker, components_key(missed.layer, missed.key).encode(), record=False, now=now)
 
-    def put_entry(self, layer: str, key: str, data: bytes, compile_time_s: float | None = None, now: bool = False,
-                  record: bool = True) -> None:
+    def put_entry(self, layer: str, key: str, data: bytes | Callable[[], bytes], compile_time_s: float | None = None,
+                  now: bool = False, record: bool = True) -> None:
         """Queue an upload (``now``: send it in this thread, for processes killed without exit
-        handlers). Signed first, if signing is configured; a process that only verifies
+        handlers). ``data``: the payload, or how to make it (called once, in the uploader
+        thread: what a layer stores in its own form is encoded off the compile path). Signed
+        there too, if signing is configured; a process that only verifies
         (``KCACHE_TRUSTED_KEYS`` without a private key) uploads no entries. ``record``: list it in
         the workload's manifest (what the next job prefetches)."""
+        self.compile_activity()
         if (layer, key) in self.quarantined:
             return  # the service refuses it, and it would not load anywhere else either
         if record:
@@ -496,23 +504,34 @@ class Runtime:
                 self.used_entries.add((layer, key))
         if self.uploader is None:
             return
-        if self.signing is not None:
-            if self.signing.signer is None and self.signing.problem is None:
-                return
-            try:
-                data = self.signing.seal(layer, key, data)
-            except SigningUnavailable:
-                self.stats.put_error(layer, "signing_unavailable")
-                return
-            except Exception as exc:  # a bug of ours: this entry stays local
-                self.stats.put_error(layer, "signing_failed")
-                warn_once(f"could not sign a {layer} entry", exc)
-                return
-        item = EntryUpload(layer, key, data, compile_time_s)
+        if self.signing is not None and self.signing.signer is None and self.signing.problem is None:
+            return
+        item = EntryUpload(layer, key, functools.partial(self._stored_form, layer, key, data), compile_time_s)
         if now:
             self.uploader.send_now(item)
         else:
             self.uploader.submit(item)
+
+    def _stored_form(self, layer: str, key: str, data: bytes | Callable[[], bytes]) -> bytes | None:
+        """What is uploaded for an entry: the payload, signed if signing is configured; None
+        (counted) when it cannot be signed."""
+        payload = data() if callable(data) else data
+        if self.signing is None:
+            return payload
+        try:
+            return self.signing.seal(layer, key, payload)
+        except SigningUnavailable:
+            self.stats.put_error(layer, "signing_unavailable")
+        except Exception as exc:  # a bug of ours: this entry stays local
+            self.stats.put_error(layer, "signing_failed")
+            warn_once(f"could not sign a {layer} entry", exc)
+        return None
+
+    def compile_activity(self) -> None:
+        """A hook ran on the compile path: background uploads wait for a quiet moment
+        (:mod:`kcache.uploader`)."""
+        if self.uploader is not None:
+            self.uploader.compile_activity()
 
     # ---- lifecycle ------------------------------------------------------------------------
 
