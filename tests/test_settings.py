@@ -116,6 +116,8 @@ def test_read_only_spellings_are_read_only(monkeypatch: pytest.MonkeyPatch, spel
     ("KCACHE_NAMESPACE", "Team/A", "a namespace must be 1-63 chars of [a-z0-9._-]"),
     ("KCACHE_URL", "not-a-url", "not a service URL: use http(s)://host[:port]"),
     ("KCACHE_URL", "http://kcache:8765/v1", "ends in /v1, the API's prefix: give the service's root (http://kcache:8765)"),
+    ("KCACHE_GPU_ARCH", "H100", "not a GPU arch: use sm_90 (or 90) for NVIDIA, gfx90a for AMD"),
+    ("KCACHE_CANARY", "5", "a fraction is from 0 to 1 (0 % to 100 %); write 5% for 5 percent"),
 ])
 def test_install_refuses_a_setting_that_does_not_parse_naming_it(monkeypatch: pytest.MonkeyPatch, var: str, value: str, says: str) -> None:
     """Before: each of these fell back to its default silently (KCACHE_MODE=read-onyl uploaded)."""
@@ -130,6 +132,13 @@ def test_install_refuses_a_setting_that_does_not_parse_naming_it(monkeypatch: py
     from kcache.current import get_runtime
 
     assert get_runtime() is None  # nothing was switched on
+
+
+def test_a_gpu_arch_that_does_not_parse_is_never_the_local_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``KCACHE_GPU_ARCH=H100`` was taken as the arch: every kernel (built for ``90``) mismatched."""
+    for given, arch in (("sm_90", "sm_90"), (" 90 ", "90"), ("GFX90A", "gfx90a"), ("H100", None), ("", None)):
+        monkeypatch.setenv("KCACHE_GPU_ARCH", given)
+        assert config.gpu_arch_override() == arch
 
 
 def test_install_arguments_parse_like_the_variables(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -248,5 +257,46 @@ def test_under_autoload_read_only_never_uploads_and_a_bad_mode_is_one_warning_an
         else:
             assert not stats.exists()  # off: no stats either
     proc = _job(Node(tmp_path / "rw"), url, KCACHE_MODE="read-write")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert _stored(url) > 0
+
+
+# A user's job as a user writes it: kcache comes from the environment alone (the .pth).
+COMPILE_JOB = "import torch; f = torch.compile(lambda x: (x.sin() + 1).sum()); print('RESULT', float(f(torch.ones(8))))"
+
+
+
+def _compile(node: Node, url: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", COMPILE_JOB], capture_output=True, text=True, cwd=node.root, timeout=HANG_S,
+                          stdin=subprocess.DEVNULL, env=node.env(KCACHE_URL=url, **env))
+
+
+@pytest.mark.slow
+@pytest.mark.torch
+def test_an_inductor_job_under_autoload_never_uploads_when_read_only_or_refused(live_service, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """``python -c 'import torch; torch.compile(...)'`` with ``KCACHE_URL``: ``KCACHE_MODE=read-only``
+    looks up and uploads nothing (before #27 it meant readwrite); a mode or a size that does not
+    parse is exactly one ``kcache:`` line naming the variable, the job exits 0, and nothing is
+    uploaded (a bad size also printed "automatic activation failed" and a traceback, from the
+    extension-JIT hook). The readwrite run last shows that this job does upload."""
+    url = live_service.url
+    cases = [("read-only", {"KCACHE_MODE": "read-only"}, None),
+             ("bogus", {"KCACHE_MODE": "bogus"}, "KCACHE_MODE='bogus': not a mode"),
+             ("size", {"KCACHE_LOCAL_MAX_BYTES": "10 gigs"}, "KCACHE_LOCAL_MAX_BYTES='10 gigs': not a size")]
+    for name, settings, refused in cases:
+        node = Node(tmp_path / name)
+        proc = _compile(node, url, KCACHE_WORKLOAD="settings", KCACHE_STATS_FILE=str(node.root / "stats.json"), **settings)
+        assert proc.returncode == 0 and "RESULT 14.7" in proc.stdout, proc.stderr[-3000:]
+        assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+        warnings = [ln for ln in proc.stderr.splitlines() if ln.startswith("kcache:")]
+        if refused is None:
+            assert warnings == [], proc.stderr[-3000:]
+            doc = load_stats(node.root / "stats.json")  # kcache was on: it looked the graph up, put nothing
+            assert doc.layers["fx-graph"].lookups >= 1 and doc.totals().puts == 0, doc.layers
+        else:
+            assert len(warnings) == 1 and refused in warnings[0] and "kcache is off in this process" in warnings[0], proc.stderr[-3000:]
+            assert not (node.root / "stats.json").exists()  # off: no stats either
+        assert _stored(url) == 0, f"{settings} uploaded"
+    proc = _compile(Node(tmp_path / "rw"), url, KCACHE_MODE="readwrite")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert _stored(url) > 0

@@ -18,6 +18,7 @@ kcache stays off in that process. An empty value is the same as an unset one.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -130,6 +131,17 @@ def _count(minimum: int) -> Callable[[str], int]:
     return parse
 
 
+_GPU_ARCH_RE = re.compile(r"(?:sm_)?\d{2,3}|gfx[0-9a-z]+")
+
+
+def parse_gpu_arch(raw: str) -> str:
+    """``sm_90``, ``90``, ``gfx90a``: torch's names for a GPU (anything else would refuse every kernel)."""
+    arch = raw.strip().lower()
+    if _GPU_ARCH_RE.fullmatch(arch) is None:
+        raise ValueError("not a GPU arch: use sm_90 (or 90) for NVIDIA, gfx90a for AMD")
+    return arch
+
+
 def _text(raw: str) -> str:
     return raw
 
@@ -179,6 +191,7 @@ _VARIABLES: dict[str, tuple[str, Callable[[str], Any]]] = {
     "upload_queue": ("KCACHE_UPLOAD_QUEUE", _count(1)),
     "flush_timeout_s": ("KCACHE_FLUSH_TIMEOUT_S", _seconds()),
     "check_target": ("KCACHE_CHECK_TARGET", parse_bool),
+    "gpu_arch": ("KCACHE_GPU_ARCH", parse_gpu_arch),
     "workload": ("KCACHE_WORKLOAD", _text),
     "stats_file": ("KCACHE_STATS_FILE", _text),
     "report": ("KCACHE_REPORT", parse_bool),
@@ -214,6 +227,7 @@ class ClientConfig:
     upload_queue: int = 1024
     flush_timeout_s: float = 5.0
     check_target: bool = True
+    gpu_arch: str | None = None  # read by gpu_arch_override() (without a config); here to be checked
     workload: str | None = None
     stats_file: str | None = None
     report: bool = False
@@ -307,5 +321,10 @@ def default_local_dir() -> Path:
 
 
 def gpu_arch_override() -> str | None:
-    """``KCACHE_GPU_ARCH`` (``sm_90``, ``90``, ``gfx90a``): the local GPU, without asking torch."""
-    return os.environ.get("KCACHE_GPU_ARCH") or None
+    """``KCACHE_GPU_ARCH`` (``sm_90``, ``90``, ``gfx90a``): the local GPU, without asking torch.
+    A value that does not parse is None here: the settings refused it already (install() raised,
+    or kcache is off in this process)."""
+    try:
+        return parse_gpu_arch(raw) if (raw := os.environ.get("KCACHE_GPU_ARCH", "")).strip() else None
+    except ValueError:
+        return None
