@@ -207,6 +207,68 @@ def test_serve_refuses_a_bad_setting_naming_the_variable(monkeypatch: pytest.Mon
     assert "short" not in str(info.value)  # a token is never echoed
 
 
+# Every size and duration of the service, found from its settings model: a new ``*_bytes`` or ``*_s``
+# setting that is a plain int or float (``64MiB`` refused, ``10G`` read differently) fails here.
+SERVICE_SIZES = sorted(n for n, f in Settings.model_fields.items() if any(getattr(m, "func", None) is parse_bytes for m in f.metadata))
+SERVICE_DURATIONS = sorted(n for n in Settings.model_fields if n.endswith("_s"))
+
+
+def test_every_service_size_setting_is_in_the_one_grammar() -> None:
+    assert sorted(n for n in Settings.model_fields if n.endswith("_bytes")) == SERVICE_SIZES
+    assert {"max_pack_bytes", "max_unpacked_bytes", "max_entry_bytes", "memory_budget_bytes"} <= set(SERVICE_SIZES)
+
+
+@pytest.mark.parametrize("name", SERVICE_SIZES)
+def test_each_service_size_reads_binary_and_decimal_units_and_refuses_nonsense_by_name(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, name: str) -> None:
+    var = f"KCACHE_{name.upper()}"
+    monkeypatch.setenv("KCACHE_DATA_DIR", str(tmp_path))
+    for text, expected in (("10GiB", 10 * GIB), ("10GB", 10 * GB), ("10G", 10 * GIB), ("1048576", 1 << 20)):
+        monkeypatch.setenv(var, text)
+        assert getattr(Settings(), name) == expected, text
+    monkeypatch.setenv(var, "10 gigs")
+    with pytest.raises(SystemExit) as info:
+        serve({})
+    assert f"{var}='10 gigs': not a size; use bytes" in str(info.value), info.value
+
+
+@pytest.mark.parametrize("name", SERVICE_DURATIONS)
+def test_each_service_duration_takes_units_and_refuses_nonsense_by_name(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, name: str) -> None:
+    var = f"KCACHE_{name.upper()}"
+    monkeypatch.setenv("KCACHE_DATA_DIR", str(tmp_path))
+    for text in ("5m", "300"):
+        monkeypatch.setenv(var, text)
+        assert getattr(Settings(), name) == 300, text
+    monkeypatch.setenv(var, "soon")
+    with pytest.raises(SystemExit) as info:
+        serve({})
+    assert f"{var}='soon': not a duration" in str(info.value), info.value
+
+
+@pytest.mark.parametrize(("var", "value", "says"), [
+    # Before: read as a string and handed to logging at start-up (a traceback from dictConfig).
+    ("KCACHE_LOG_LEVEL", "verbose", "KCACHE_LOG_LEVEL='verbose': Input should be 'trace', 'debug', 'info', 'warning', 'error' or 'critical'"),
+    ("KCACHE_WORKERS", "0", "KCACHE_WORKERS='0': Input should be greater than or equal to 1"),
+    ("KCACHE_PORT", "70000", "KCACHE_PORT='70000': Input should be less than or equal to 65535"),
+    ("KCACHE_PRESIGN_EXPIRES_S", "1.5", "KCACHE_PRESIGN_EXPIRES_S='1.5': a whole number of seconds is needed"),
+])
+def test_serve_refuses_other_nonsense_naming_the_variable(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, var: str, value: str, says: str) -> None:
+    monkeypatch.setenv("KCACHE_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv(var, value)
+    with pytest.raises(SystemExit) as info:
+        serve({})
+    assert says in str(info.value), info.value
+
+
+def test_the_metrics_usage_cache_is_a_setting(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """``KCACHE_METRICS_USAGE_TTL_S=often`` was read by the metrics module and fell back to 10 s."""
+    from kcache_server.app import create_app
+
+    monkeypatch.setenv("KCACHE_METRICS_USAGE_TTL_S", "1m")
+    assert create_app(Settings(data_dir=tmp_path)).state.metrics.storage.ttl_s == 60.0
+    monkeypatch.setenv("KCACHE_LOG_LEVEL", "WARNING")
+    assert Settings(data_dir=tmp_path).log_level == "warning"
+
+
 def test_service_sizes_and_durations_take_units(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("KCACHE_DATA_DIR", str(tmp_path))
     monkeypatch.setenv("KCACHE_MAX_PACK_BYTES", "32MiB")
