@@ -323,6 +323,18 @@ def test_under_autoload_read_only_never_uploads_and_a_bad_mode_is_one_warning_an
     assert _stored(url) > 0
 
 
+@pytest.mark.torch
+def test_a_job_that_only_builds_extensions_hears_of_a_bad_mode_once(tmp_path: Path) -> None:
+    """Before, only Inductor's and Triton's imports said why kcache was off: a job that only
+    builds extensions with ``KCACHE_MODE=bogus`` ran without kcache and without a word."""
+    node = Node(tmp_path)
+    proc = subprocess.run([sys.executable, "-c", "import torch.utils.cpp_extension; print('RESULT ok')"], capture_output=True, text=True,
+                          cwd=node.root, timeout=HANG_S, stdin=subprocess.DEVNULL, env=node.env(KCACHE_URL="http://127.0.0.1:9", KCACHE_MODE="bogus"))
+    assert proc.returncode == 0 and "RESULT ok" in proc.stdout, proc.stderr[-3000:]
+    warnings = [ln for ln in proc.stderr.splitlines() if ln.startswith("kcache:")]
+    assert len(warnings) == 1 and "KCACHE_MODE='bogus': not a mode" in warnings[0] and "kcache is off" in warnings[0], proc.stderr[-3000:]
+
+
 # A user's job as a user writes it: kcache comes from the environment alone (the .pth).
 COMPILE_JOB = "import torch; f = torch.compile(lambda x: (x.sin() + 1).sum()); print('RESULT', float(f(torch.ones(8))))"
 
