@@ -150,6 +150,22 @@ def test_install_arguments_parse_like_the_variables(monkeypatch: pytest.MonkeyPa
         ClientConfig.from_env(mdoe="readonly")
 
 
+def test_typed_install_arguments_are_held_to_the_same_limits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before, a number or bool given to install() skipped the parser: ``upload_queue=0`` and
+    ``local_max_bytes=-5`` were taken as they came."""
+    cfg = ClientConfig.from_env(url="http://127.0.0.1:9", connect_timeout_s=0.25, read_timeout_s=30, retries=0, check_target=False,
+                                local_max_bytes=1e9, canary=1e-05)
+    assert (cfg.connect_timeout_s, cfg.read_timeout_s, cfg.retries, cfg.check_target, cfg.local_max_bytes, cfg.canary) == (0.25, 30.0, 0, False, 10**9, 1e-05)
+    for given, says in ((dict(upload_queue=0), "upload_queue=0: must be at least 1"),
+                        (dict(local_max_bytes=-5), "local_max_bytes=-5: a size must not be negative"),
+                        (dict(connect_timeout_s=float("nan")), "connect_timeout_s=nan: not a duration"),
+                        (dict(canary=5), "canary=5: a fraction is from 0 to 1"),
+                        (dict(retries=True), "retries=True: not a whole number")):
+        with pytest.raises(ConfigError) as info:
+            ClientConfig.from_env(**given)
+        assert says in str(info.value)
+
+
 def test_every_problem_is_named_at_once_and_empty_means_unset(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KCACHE_MODE", "ro-")
     monkeypatch.setenv("KCACHE_LOCAL_MAX_BYTES", "lots")

@@ -17,6 +17,7 @@ kcache stays off in that process. An empty value is the same as an unset one.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Callable
@@ -280,13 +281,16 @@ class ClientConfig:
                 raw, where = os.environ.get(var), f"{var}="
             if raw is None or (isinstance(raw, str) and not raw.strip()):
                 continue  # unset, or set to nothing: the default
-            if not isinstance(raw, str):
-                values[name] = raw  # a typed keyword argument
-                continue
+            shown = repr(raw[:40] if isinstance(raw, str) else raw)
+            if not isinstance(raw, str):  # a typed keyword argument: the same parser, the same limits
+                if (text := _typed_text(raw)) is None:
+                    values[name] = raw  # another type (a Path): taken as given
+                    continue
+                raw = text
             try:
                 values[name] = parse(raw)
             except ValueError as exc:  # the parsers of kcache_schemas.units start with the value
-                problems.append(f"{where}{raw[:40]!r}: {str(exc).removeprefix(f'{raw[:40]!r}: ')}")
+                problems.append(f"{where}{shown}: {str(exc).removeprefix(f'{raw[:40]!r}: ')}")
         if problems:
             from kcache.errors import ConfigError  # brings httpx and pydantic: only when refusing
 
@@ -296,6 +300,22 @@ class ClientConfig:
         if unknown := sorted(set(extra) - known):
             raise TypeError(f"kcache.install() got unknown options: {', '.join(unknown)}")
         return replace(cls(**values), **extra)
+
+
+def _typed_text(value: object) -> str | None:
+    """A bool or number given to ``install()`` as the text its setting's parser reads (so
+    ``upload_queue=0`` is refused as ``KCACHE_UPLOAD_QUEUE=0`` is); None for other types."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return repr(value)  # refused by every parser
+        if value.is_integer():
+            return str(int(value))  # 30.0 seconds, 1e9 bytes
+        return repr(value) if "e" not in repr(value) else format(value, ".17f").rstrip("0")  # 1e-05: 0.00001
+    return None
 
 
 def settings_or_off(**overrides: Any) -> ClientConfig | None:
