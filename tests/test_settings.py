@@ -101,6 +101,7 @@ def test_read_only_spellings_are_read_only(monkeypatch: pytest.MonkeyPatch, spel
 @pytest.mark.parametrize(("var", "value", "says"), [
     ("KCACHE_MODE", "read-onyl", "not a mode: use readwrite (or read-write, rw), readonly (or read-only, ro), or off"),
     ("KCACHE_MODE", "write", "not a mode"),
+    ("KCACHE_MODE", "bogus", "not a mode"),
     ("KCACHE_LOCAL_MAX_BYTES", "10 gigs", "not a size; use bytes (1048576), or a number with a unit"),
     ("KCACHE_LOCAL_MAX_BYTES", "-1G", "a size must not be negative"),
     ("KCACHE_CHECK_TARGET", "flase", "not a switch: use 1 or 0"),
@@ -365,28 +366,29 @@ def _compile(node: Node, url: str, **env: str) -> subprocess.CompletedProcess[st
 @pytest.mark.torch
 def test_an_inductor_job_under_autoload_never_uploads_when_read_only_or_refused(live_service, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """``python -c 'import torch; torch.compile(...)'`` with ``KCACHE_URL``: ``KCACHE_MODE=read-only``
-    looks up and uploads nothing (before #27 it meant readwrite); a mode or a size that does not
-    parse is exactly one ``kcache:`` line naming the variable, the job exits 0, and nothing is
-    uploaded (a bad size also printed "automatic activation failed" and a traceback, from the
-    extension-JIT hook). The readwrite run last shows that this job does upload."""
+    looks up and uploads nothing (before #27 it meant readwrite); a size that does not parse is
+    exactly one ``kcache:`` line naming the variable, the job exits 0, and nothing is uploaded
+    (it also printed "automatic activation failed" and a traceback, from the extension-JIT hook).
+    A bad mode under autoload: the Triton job above. The readwrite run last shows that this job
+    does upload."""
     url = live_service.url
     cases = [("read-only", {"KCACHE_MODE": "read-only"}, None),
-             ("bogus", {"KCACHE_MODE": "bogus"}, "KCACHE_MODE='bogus': not a mode"),
              ("size", {"KCACHE_LOCAL_MAX_BYTES": "10 gigs"}, "KCACHE_LOCAL_MAX_BYTES='10 gigs': not a size")]
     for name, settings, refused in cases:
         node = Node(tmp_path / name)
-        proc = _compile(node, url, KCACHE_WORKLOAD="settings", KCACHE_STATS_FILE=str(node.root / "stats.json"), **settings)
+        # A loaded test machine answers late: a lookup that timed out would be a warning of its own.
+        proc = _compile(node, url, KCACHE_WORKLOAD="settings", KCACHE_STATS_FILE=str(node.root / "stats.json"), KCACHE_READ_TIMEOUT_S="30s", **settings)
         assert proc.returncode == 0 and "RESULT 14.7" in proc.stdout, proc.stderr[-3000:]
         assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
         warnings = [ln for ln in proc.stderr.splitlines() if ln.startswith("kcache:")]
         if refused is None:
-            assert warnings == [], proc.stderr[-3000:]
+            assert not [w for w in warnings if "settings" in w], proc.stderr[-3000:]  # read-only is a mode
             doc = load_stats(node.root / "stats.json")  # kcache was on: it looked the graph up, put nothing
             assert doc.layers["fx-graph"].lookups >= 1 and doc.totals().puts == 0, doc.layers
         else:
             assert len(warnings) == 1 and refused in warnings[0] and "kcache is off in this process" in warnings[0], proc.stderr[-3000:]
             assert not (node.root / "stats.json").exists()  # off: no stats either
         assert _stored(url) == 0, f"{settings} uploaded"
-    proc = _compile(Node(tmp_path / "rw"), url, KCACHE_MODE="readwrite")
+    proc = _compile(Node(tmp_path / "rw"), url, KCACHE_MODE="readwrite", KCACHE_READ_TIMEOUT_S="30s", KCACHE_FLUSH_TIMEOUT_S="2m")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert _stored(url) > 0
