@@ -96,6 +96,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(BodyDeadline, idle_s=settings.body_idle_timeout_s, total_s=settings.body_timeout_s)
     if app.state.auth.open:
         app.add_middleware(OpenServerNotice)
-    instrument(app)  # /metrics, request metrics middleware (outside BodyDeadline), backend error counts
+    instrument(app, settings.metrics_usage_ttl_s)  # /metrics, request metrics middleware (outside BodyDeadline), backend error counts
     openapi.install(app)  # error responses and path rules in /openapi.json
     return app

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import inspect
 import logging
-import os
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator, MutableMapping
@@ -282,14 +281,10 @@ class MetricsMiddleware:
             m.unsound.labels(layer_label(str(scope.get("path_params", {}).get("layer", "")))).inc()
 
 
-def instrument(app: FastAPI, usage_ttl_s: float | None = None) -> Metrics:
+def instrument(app: FastAPI, usage_ttl_s: float) -> Metrics:
     """Give ``app`` its metrics: the registry, the middleware, ``/metrics``, and a counting wrapper
-    around the ``BackendUnavailable`` handler (call after the error handlers are installed)."""
-    if usage_ttl_s is None:
-        try:
-            usage_ttl_s = float(os.environ.get("KCACHE_METRICS_USAGE_TTL_S", "10"))
-        except ValueError:
-            usage_ttl_s = 10.0
+    around the ``BackendUnavailable`` handler (call after the error handlers are installed).
+    ``usage_ttl_s``: how long a scrape's storage usage is reused (``KCACHE_METRICS_USAGE_TTL_S``)."""
     metrics = Metrics(lambda: getattr(app.state, "store", None), usage_ttl_s)
     app.state.metrics = metrics
     app.add_middleware(MetricsMiddleware, metrics=metrics)

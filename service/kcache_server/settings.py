@@ -7,12 +7,14 @@ import json
 import os
 from functools import cached_property
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from kcache_schemas import validate_namespace
 from kcache_schemas.signed_envelope import TrustedKeys, parse_public_key
+from kcache_schemas.units import parse_duration
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     Field,
     RootModel,
     SecretStr,
@@ -24,11 +26,25 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from kcache_server.retention_rules import ByteSize, Duration, RetentionConfig, parse_retention
 
+# uvicorn's levels, in either case (the Helm chart's schema takes both).
+LogLevel = Annotated[Literal["trace", "debug", "info", "warning", "error", "critical"],
+                     BeforeValidator(lambda v: v.strip().lower() if isinstance(v, str) else v)]
+
 ENV_PREFIX = "KCACHE_"
 
 Scope = Literal["read", "write", "admin"]
 # Tokens anyone could guess are refused outright, like the full-stack template's "changethis".
 _WEAK_TOKENS = {"changeme", "changethis", "secret", "password", "token", "kcache"}
+
+
+def _whole_seconds(value: object) -> object:
+    """A duration in the one grammar (``300``, ``5m``) as whole seconds (S3 presigns in seconds)."""
+    if not isinstance(value, (str, int, float)):
+        return value
+    seconds = parse_duration(value)
+    if seconds != int(seconds):
+        raise ValueError(f"{value!r}: a whole number of seconds is needed (e.g. 300 or 5m)")
+    return int(seconds)
 
 
 def default_data_dir() -> Path:
@@ -75,8 +91,8 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore")
 
     host: str = "127.0.0.1"
-    port: int = 8765
-    workers: int = 1
+    port: int = Field(default=8765, ge=1, le=65535)
+    workers: int = Field(default=1, ge=1)
     data_dir: Path = Field(default_factory=default_data_dir)
     blob_url: str | None = None
     index_url: str | None = None
@@ -101,10 +117,12 @@ class Settings(BaseSettings):
     body_timeout_s: Duration = 120.0
     backend_timeout_s: Duration = 5.0
     presigned_downloads: bool = False
-    presign_expires_s: int = Field(default=300, ge=1)
+    presign_expires_s: Annotated[int, BeforeValidator(_whole_seconds)] = Field(default=300, ge=1)
     s3_endpoint_url: str | None = None
     access_flush_s: Duration = 2.0
-    log_level: str = "info"
+    # How long /metrics reuses the storage usage it read from the index (kcache_server.metrics).
+    metrics_usage_ttl_s: Duration = 10.0
+    log_level: LogLevel = "info"
     # One INFO line per kernel pack or entry handed out, with its key (kcache_server.downloads):
     # per-key download counts, e.g. to prove the processes of a node fetch each artifact once.
     download_log: bool = False
