@@ -287,7 +287,7 @@ class _Fetch(Exception):
 
 def _status_kind(status: int, body: bytes) -> str:
     """``http_<status>``, with the service's error code where the body has one."""
-    from kcache_schemas.errors import ErrorBody
+    from kcache_schemas.error_codes import ErrorBody
 
     err = ErrorBody.parse(body)
     return f"http_{status}_{err.error.code}" if err is not None else f"http_{status}"

@@ -37,7 +37,7 @@ NS = "bench"
 
 def _real_metas(n_kernels: int = 4) -> list[Any]:
     from kcache_schemas.pack import pack_kernel_dir
-    from kcache_server.store import _kernel_entry
+    from kcache_server.store.kernel_packs import kernel_entry_of
 
     from kcache_testkit.corpus import compile_small
 
@@ -47,7 +47,7 @@ def _real_metas(n_kernels: int = 4) -> list[Any]:
         out = []
         for d in dirs:
             manifest, pack = pack_kernel_dir(d)
-            out.append(_kernel_entry(NS, manifest, len(pack)))
+            out.append(kernel_entry_of(NS, manifest, len(pack)))
         return out
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -161,8 +161,7 @@ def _fill_sqlite(index: Any, records: list[Any]) -> None:
 
 def measure_gc(name: str, index: Any, blob_root: Path, metas: list[Any], n: int, repeats: int) -> dict[str, Any]:
     from kcache_schemas import PackLimits
-    from kcache_schemas.retention import GcRequest
-    from kcache_server.gc import Collector
+    from kcache_schemas.gc_models import GcRequest
     from kcache_server.storage.file_blobs import FileBlobStore
     from kcache_server.store import CacheStore
 
@@ -180,9 +179,9 @@ def measure_gc(name: str, index: Any, blob_root: Path, metas: list[Any], n: int,
         total = sum(r.size for r in records)
         target = total - sum(r.size for r in records[:evict_n])
         # The read any GC must do: every record's key, size and times (without its JSON).
-        listing = common.median([common.timed(lambda: list(store.iter_records(NS, "kernel", meta=False))) for _ in range(repeats)])
-        listing_full = common.median([common.timed(lambda: list(store.iter_records(NS, "kernel"))) for _ in range(repeats)])
-        collector = Collector(store)
+        listing = common.median([common.timed(lambda: list(store.records.iter_records(NS, "kernel", meta=False))) for _ in range(repeats)])
+        listing_full = common.median([common.timed(lambda: list(store.records.iter_records(NS, "kernel"))) for _ in range(repeats)])
+        collector = store.gc
         plans = []
         for _ in range(repeats):
             report = collector.run(NS, GcRequest(max_bytes=target, min_age_s=3600, dry_run=True))
@@ -190,7 +189,7 @@ def measure_gc(name: str, index: Any, blob_root: Path, metas: list[Any], n: int,
             assert report.planned["budget"].entries == evict_n, report.planned
         plan = common.median(plans)
         # The eviction alone: execute a fresh plan under the lease, timed around the execution.
-        from kcache_server.gc import LEASE, LEASE_TTL_S, _Lease
+        from kcache_server.store.gc import LEASE, LEASE_TTL_S, _Lease
 
         lease = _Lease(index, LEASE, LEASE_TTL_S)
         assert lease.acquire()

@@ -114,13 +114,17 @@ def test_the_cycle_check_finds_a_cycle() -> None:
     assert _cycle({"a": {"b"}, "b": set()}) is None
 
 
+# What the store's concerns share among themselves; routes reach ``store.<concern>`` instead.
+STORE_INTERNALS = ("index", "blobs", "access", "commits", "references", "storage_limits")
+
+
 def test_routes_reach_storage_only_through_the_domain_layer() -> None:
-    """Routes call the store's and the domain modules' methods; the index, the blob store and
-    the access recorder are the store's own."""
+    """Routes call the methods of the store's concerns (``store.kernels.put``); the index, the
+    blob store, the access recorder and the concerns the others are built on are the store's own."""
     found = []
     for p in _sources(SERVICE / "routes"):
         for node in ast.walk(ast.parse(p.read_text())):
-            if isinstance(node, ast.Attribute) and node.attr in ("index", "blobs", "access"):
+            if isinstance(node, ast.Attribute) and node.attr in STORE_INTERNALS:
                 found.append(f"{p.relative_to(REPO)}:{node.lineno}: .{node.attr}")
         assert "kcache_server.storage" not in _imports_full(p), p
     assert not found, "\n".join(found)
@@ -373,11 +377,119 @@ def test_only_layers_import_torch_triton_or_vllm_and_only_layers_patch() -> None
     assert not patchers, f"patch torch only from kcache.layers: {patchers}"
 
 
-def test_the_client_names_no_module_like_one_of_the_service_or_the_schemas() -> None:
-    """One name, one concept: a client module named like a service or schemas module (three
-    ``errors.py``, two ``stats.py``) sent readers to the wrong file. Where client and service are
-    two sides of one concept, the names say which side (``transport/workload.py`` publishes what
-    ``kcache_server/workloads.py`` stores)."""
-    other = {p.name for root in (SERVICE, SCHEMAS) for p in _sources(root)}
-    shared = sorted({p.name for p in _sources(CLIENT)} & other - {"__init__.py", "__main__.py"})
-    assert not shared, f"client modules named like service/schemas modules: {shared}"
+# ---- names: one file name, one module ---------------------------------------------------------
+
+SHIPPED = (CLIENT, SCHEMAS, SERVICE)
+TWO_SIDES = "two sides of one concept"
+
+
+def _docstring(path: Path) -> str:
+    return ast.get_docstring(ast.parse(path.read_text())) or ""
+
+
+def _dotted(path: Path, root: Path = REPO) -> str:
+    """``service/kcache_server/store/gc.py`` -> ``kcache_server.store.gc``."""
+    return ".".join(path.relative_to(root).with_suffix("").parts[1:])
+
+
+def shared_file_names(paths: list[Path], root: Path = REPO) -> list[str]:
+    """Modules whose file name another module has too, unless both docstrings say they are the
+    two sides of one concept and name the other (``kcache_schemas.purge`` and ``kcache.purge``)."""
+    by_name: dict[str, list[Path]] = {}
+    for p in paths:
+        if p.name != "__init__.py":
+            by_name.setdefault(p.name, []).append(p)
+    found = []
+    for name, group in sorted(by_name.items()):
+        for p in group:
+            doc = " ".join(_docstring(p).split())
+            others = [q for q in group if q != p]
+            if others and not (TWO_SIDES in doc and all(_dotted(q, root) in doc for q in others)):
+                found.append(f"{name}: {', '.join(str(q.relative_to(root)) for q in group)}")
+                break
+    return found
+
+
+def test_no_two_modules_share_a_file_name_unless_two_sides_of_one_concept() -> None:
+    """A file name says what a module is, so it names one module of client, schemas and service
+    (read from the tree: a rename anywhere is checked as it lands). Where two modules really are
+    the two sides of one concept, each docstring says "two sides of one concept" and names the other."""
+    shared = shared_file_names([p for root in SHIPPED for p in _sources(root)])
+    assert not shared, "rename one of each (or say in both docstrings that they are the two sides of one concept):\n" + "\n".join(shared)
+
+
+def test_the_file_name_check_finds_a_shared_name(tmp_path: Path) -> None:
+    schemas, client = tmp_path / "schemas" / "kcache_schemas" / "errors.py", tmp_path / "client" / "kcache" / "errors.py"
+    for p in (schemas, client, tmp_path / "client" / "kcache" / "__init__.py", tmp_path / "schemas" / "kcache_schemas" / "__init__.py"):
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text('"""Errors."""\n')
+    paths = sorted(tmp_path.rglob("*.py"))
+    assert shared_file_names(paths, tmp_path) == ["errors.py: client/kcache/errors.py, schemas/kcache_schemas/errors.py"]
+    schemas.write_text(f'"""The wire side; {TWO_SIDES} with kcache.errors."""\n')
+    assert shared_file_names(paths, tmp_path), "one docstring alone does not make two sides"
+    client.write_text(f'"""The client side: the {TWO_SIDES}\nwith kcache_schemas.errors."""\n')
+    assert shared_file_names(paths, tmp_path) == []
+    assert _dotted(SERVICE / "store" / "gc.py") == "kcache_server.store.gc"
+
+
+# ---- the service's store: split by concern, in one shape ------------------------------------
+
+STORE = SERVICE / "store"
+
+
+def _built_by_the_store() -> dict[str, str]:
+    """``CacheStore.__init__``'s ``self.<concern> = <Class>(...)`` lines: concern -> class."""
+    tree = ast.parse((STORE / "cache_store.py").read_text())
+    init = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "__init__")
+    built = {}
+    for node in ast.walk(init):
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and isinstance(node.value.func, ast.Name):
+            for target in node.targets:
+                if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "self":
+                    built[target.attr] = node.value.func.id
+    return built
+
+
+def _classes(path: Path) -> set[str]:
+    return {n.name for n in ast.parse(path.read_text()).body if isinstance(n, ast.ClassDef)}
+
+
+def test_the_store_is_one_class_per_concern_that_cache_store_builds() -> None:
+    """bazel-remote's ``cache/disk/`` habit: each module of ``store/`` is one concern, a class
+    that ``CacheStore`` builds and hands only the parts it uses; no concern imports the store
+    itself (``kcache_server.store`` or its ``cache_store``), so none can reach past its parts."""
+    built = set(_built_by_the_store().values())
+    for p in _sources(STORE):
+        if p.name in ("__init__.py", "cache_store.py"):
+            continue
+        concerns = _classes(p) & built
+        assert len(concerns) == 1, f"{p.relative_to(REPO)}: one concern CacheStore builds, found {sorted(concerns)}"
+        reached = {m for m in _edges(p, "kcache_server") if m in ("kcache_server.store", "kcache_server.store.cache_store")}
+        assert not reached, f"{p.relative_to(REPO)} reaches the whole store ({reached}): take the parts you use"
+
+
+def _takes_a_store(source: str) -> list[str]:
+    """Functions (or methods) with a parameter annotated ``CacheStore``: the old shape, free
+    functions handed the whole store."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            args = [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]
+            if any(a.annotation is not None and ast.unparse(a.annotation).strip("'\"").split(".")[-1] == "CacheStore" for a in args):
+                found.append(f"{node.name}:{node.lineno}")
+    return found
+
+
+def test_domain_code_is_methods_of_the_stores_concerns_never_functions_over_the_store() -> None:
+    """One shape for domain code (store/__init__.py says which and why): nothing in the service
+    takes the whole ``CacheStore`` as an argument; routes get it from their one dependency
+    (``StoreDep``) and call ``store.<concern>.<method>``."""
+    found = [f"{p.relative_to(REPO)}: {f}" for p in _sources(SERVICE) for f in _takes_a_store(p.read_text())]
+    assert not found, "make it a method of a concern CacheStore builds:\n" + "\n".join(found)
+
+
+def test_the_shape_checks_find_the_old_shape() -> None:
+    assert _takes_a_store("def publish(store: CacheStore, namespace: str) -> None: ...\n") == ["publish:1"]
+    assert _takes_a_store("class A:\n    def get(self, store: 'x.CacheStore') -> None: ...\n") == ["get:2"]
+    assert _takes_a_store("def route(store: StoreDep) -> None: ...\n") == []
+    assert {"kernels", "entries", "gc"} <= set(_built_by_the_store())

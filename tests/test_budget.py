@@ -1,4 +1,4 @@
-"""The replica's memory budget (kcache_server.budget): what it admits and refuses."""
+"""The replica's memory budget (kcache_server.memory_budget): what it admits and refuses."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import contextlib
 import threading
 
 import pytest
-from kcache_server.budget import MemoryBudget
-from kcache_server.errors import Overloaded
+from kcache_server.domain_errors import Overloaded
+from kcache_server.memory_budget import MemoryBudget
 
 MIB = 1 << 20
 

@@ -23,9 +23,9 @@ from typing import Any
 
 import httpx
 import pytest
-from kcache.cli.commands import main as kcache_main
+from kcache.cli import main as kcache_main
 from kcache.store.counters import load_stats
-from kcache_schemas.canary import UnsoundReport
+from kcache_schemas.unsound_reports import UnsoundReport
 
 from kcache_testkit.nodes import Node
 

@@ -38,8 +38,9 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
 
-def report(report_id: str, *, workload: str | None = "bert", ended: float, pid: int = 1, torch: str = "2.13.0", **kernel: Any) -> dict[str, Any]:
-    return {"report_id": report_id, "host": "node-1", "pid": pid, "workload": workload, "started_at": max(0.0, ended - 60),
+def report(report_id: str, *, workload: str | None = "bert", ended: float, pid: int = 1, torch: str = "2.13.0",
+           run_source: str | None = None, **kernel: Any) -> dict[str, Any]:
+    return {"report_id": report_id, "host": "node-1", "pid": pid, "workload": workload, "run_source": run_source, "started_at": max(0.0, ended - 60),
             "ended_at": ended, "environment": {"torch": torch, "triton": "3.9.0", "cuda": "13.0", "gpu_arch": "sm_90"},
             "layers": {"kernel": {"bytes_down": 1000 * kernel.get("hits", 0), **kernel},
                        "fx-graph": {"hits": 1, "saved_s": 12.5}}}
@@ -65,7 +66,7 @@ def test_runs_aggregate_over_processes_and_list_newest_first(client: TestClient)
     body["layers"]["kernel"]["error_kinds"] = {"ServiceUnavailable": 2}
     body["future_field"] = "ignored"  # a newer client's extra field must not cost it its stats
     assert client.post("/v1/default/runs/ci-100/stats", json=body).status_code == 201
-    assert client.post("/v1/default/runs/ci-101/stats", json=report("r-cccccccc", workload="resnet", ended=now, hits=5)).status_code == 201
+    assert client.post("/v1/default/runs/ci-101/stats", json=report("r-cccccccc", workload="resnet", ended=now, hits=5, run_source="SLURM_JOB_ID")).status_code == 201
 
     run = client.get("/v1/default/runs/ci-100").json()
     assert run["processes"] == 2 and run["workload"] == "bert"
@@ -80,6 +81,8 @@ def test_runs_aggregate_over_processes_and_list_newest_first(client: TestClient)
 
     runs = client.get("/v1/default/runs").json()["items"]
     assert [r["run_id"] for r in runs] == ["ci-101", "ci-100"] and "layers" not in runs[0]
+    # Where each id came from, as its processes said (older clients say nothing).
+    assert [r["run_source"] for r in runs] == ["SLURM_JOB_ID", None]
     assert [r["run_id"] for r in client.get("/v1/default/runs?workload=bert").json()["items"]] == ["ci-100"]
     assert [r["run_id"] for r in client.get("/v1/default/runs?limit=1").json()["items"]] == ["ci-101"]
     assert client.get("/v1/other-ns/runs").json()["items"] == []  # runs are per namespace
@@ -91,6 +94,7 @@ def test_bad_run_reports_are_refused(client: TestClient) -> None:
     r = client.post("/v1/default/runs/ci-1/stats", json={"report_id": "short"})
     assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_request"
     assert client.post("/v1/default/runs/ci-1/stats", json=report("r-aaaaaaaa", ended=1, hits=-1)).status_code == 422
+    assert client.post("/v1/default/runs/ci-1/stats", json=report("r-aaaaaaaa", ended=1, run_source="a variable?")).status_code == 422
     bad_layer = {"report_id": "r-aaaaaaaa", "layers": {"Bad Layer!": {}}}
     assert client.post("/v1/default/runs/ci-1/stats", json=bad_layer).status_code == 422
     assert client.post("/v1/default/runs/ci-1/stats", content=b"{not json").status_code == 422
@@ -225,8 +229,8 @@ def test_dashboard_in_chromium(tmp_path: Path, real_kernel_dirs: list[Path]) -> 
             assert httpx.put(f"{svc.url}/v1/default/kernels/{key}", content=pack, headers=write).status_code == 201
         keys = sorted(packs)
         # A key a node's canary found unsound (kcache.layers.key_canary): listed with what differed and the suspects.
-        from kcache_schemas.canary import UnsoundReport
-        from kcache_schemas.explain import Change, KeyComponents
+        from kcache_schemas.key_diff import Change, KeyComponents
+        from kcache_schemas.unsound_reports import UnsoundReport
 
         recorded = KeyComponents(layer="kernel", key=keys[0])
         unsound = UnsoundReport(layer="kernel", key=keys[0], compared="kernel files", served_digest="a" * 64, own_digest="b" * 64,
@@ -240,8 +244,10 @@ def test_dashboard_in_chromium(tmp_path: Path, real_kernel_dirs: list[Path]) -> 
             ("ci-1", report("rank0-aaaaaaaa", ended=now - 7200, hits=2, misses=6)),
             ("ci-1", report("rank1-bbbbbbbb", ended=now - 7100, pid=2, torch="2.15.0", hits=1, misses=7)),
             ("ci-2", report("rank0-cccccccc", ended=now - 3600, hits=15, misses=1, errors=2, error_kinds={"ServiceUnavailable": 2})),
-            ("ci-3", report("rank0-dddddddd", workload="resnet", ended=now - 600, hits=9, misses=1)),
+            # A job that set no KCACHE_RUN_ID: its id is its GitHub Actions job's (kcache.host.launchers).
+            ("gh-900-1-test", report("rank0-dddddddd", workload="resnet", ended=now - 600, hits=9, misses=1, run_source="GITHUB_RUN_ID")),
         ]
+        runs[2][1]["run_source"] = "KCACHE_RUN_ID"  # ci-2's process named its run; ci-1's are older clients that do not say
         # ci-2's process also sent its phase timers, a post-install finding and a miss.
         runs[2][1].update(phases={"_compile.compile_inner": 3.5, "bytecode_tracing": 2.0, "async_compile.wait": 0.5},
                           verification={"fetched_unused": {"fx-graph: prefetched, never asked for": 2}},
@@ -273,14 +279,16 @@ def test_dashboard_in_chromium(tmp_path: Path, real_kernel_dirs: list[Path]) -> 
                 assert page.locator("#hitrate-svg polyline.series").count() == 1  # bert has 2 runs, resnet 1
                 assert page.locator("#hitrate-svg rect.error-bar").count() == 1  # ci-2 had errors
                 ys = {points.nth(i).get_attribute("data-run"): float(points.nth(i).get_attribute("cy") or 0) for i in range(3)}
-                assert ys["ci-1"] > ys["ci-2"] > ys["ci-3"]  # 27.8% < 84.2% < 90.9%; SVG y grows downwards
+                assert ys["ci-1"] > ys["ci-2"] > ys["gh-900-1-test"]  # 27.8% < 84.2% < 90.9%; SVG y grows downwards
                 assert set(page.locator("#legend").inner_text().split()) >= {"bert", "resnet"}
                 # Recent runs, newest first; a click shows per-layer detail with errors apart.
                 rows = page.locator("#runs-table tbody tr")
-                assert rows.count() == 3 and rows.nth(0).get_attribute("data-run") == "ci-3"
-                assert rows.nth(2).locator("td").nth(4).inner_text() == "2"  # ci-1: two processes
+                assert rows.count() == 3 and rows.nth(0).get_attribute("data-run") == "gh-900-1-test"
+                # Where each run id came from: the launcher's variable, KCACHE_RUN_ID, or not said.
+                assert [rows.nth(i).locator("td").nth(1).inner_text() for i in range(3)] == ["GITHUB_RUN_ID", "KCACHE_RUN_ID", "\u2013"]
+                assert rows.nth(2).locator("td").nth(5).inner_text() == "2"  # ci-1: two processes
                 # ci-1 ran mid-upgrade: one rank on each torch, each with its own hit rate.
-                assert rows.nth(2).locator("td").nth(2).inner_text() == "torch 2.15.0, triton 3.9.0; torch 2.13.0, triton 3.9.0"
+                assert rows.nth(2).locator("td").nth(3).inner_text() == "torch 2.15.0, triton 3.9.0; torch 2.13.0, triton 3.9.0"
                 rows.nth(2).click()
                 envs = page.locator("#run-environments tbody tr")
                 expect(envs).to_have_count(2)

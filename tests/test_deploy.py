@@ -89,8 +89,9 @@ def _helm_template(helm: str, tmp_path: Path, *values: Path) -> subprocess.Compl
         ),
         ("config:\n  blobUrl: file:///data/blobs\n", "/config/blobUrl"),
         ("autoscaling:\n  enabled: yes-please\n", "/autoscaling/enabled"),
+        ("config:\n  maxPackBytes: 10 gigs\n", "/config/maxPackBytes"),
     ],
-    ids=["replicaCount-string", "unknown-scope", "file-blobs", "hpa-enabled-string"],
+    ids=["replicaCount-string", "unknown-scope", "file-blobs", "hpa-enabled-string", "size-not-in-grammar"],
 )
 def test_chart_schema_rejects_broken_values(
     tools: dict[str, str], tmp_path: Path, broken: str, where: str

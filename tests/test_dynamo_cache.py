@@ -29,8 +29,8 @@ pytest_plugins = ["live"]
 from kcache.config import ClientConfig  # noqa: E402
 from kcache.layers.dynamo import package_envelope as dynamo_entries  # noqa: E402
 from kcache.transport.http import KcacheClient  # noqa: E402
-from kcache_schemas import signature as envelope  # noqa: E402
-from kcache_schemas.signature import is_signed  # noqa: E402
+from kcache_schemas import signed_envelope as envelope  # noqa: E402
+from kcache_schemas.signed_envelope import is_signed  # noqa: E402
 
 JOB = Path(__file__).with_name("dynamo_job.py")
 

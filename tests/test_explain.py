@@ -17,7 +17,7 @@ from kcache.store.counters import load_stats
 from kcache.store.fingerprint import current
 from kcache.transport.http import KcacheClient
 from kcache_schemas import wire
-from kcache_schemas.explain import Component, KeyComponents, diff, nearest, parse_debug_lines
+from kcache_schemas.key_diff import Component, KeyComponents, diff, nearest, parse_debug_lines
 
 from kcache_testkit.nodes import Node
 from kcache_testkit.pace import HANG_S

@@ -26,7 +26,7 @@ from kcache.runtime import Runtime
 from kcache.store.emitter import EmitOutcome
 from kcache.transport.http import KcacheClient
 from kcache_schemas.keys import hex_to_kernel_key
-from kcache_schemas.stats import LayerCounts
+from kcache_schemas.stats_document import LayerCounts
 
 from kcache_testkit.kernels import Kernel, real_kernels
 from kcache_testkit.netfaults import FaultServer

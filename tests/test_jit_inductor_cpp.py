@@ -25,7 +25,7 @@ from kcache.config import ClientConfig  # noqa: E402
 from kcache.store.local_store import LocalEntryStore  # noqa: E402
 from kcache.transport.http import KcacheClient  # noqa: E402
 from kcache_schemas import jit  # noqa: E402
-from kcache_schemas.signature import is_signed  # noqa: E402
+from kcache_schemas.signed_envelope import is_signed  # noqa: E402
 
 from kcache_testkit.cpu_jit import JobRun, copy_warm, run_job  # noqa: E402
 from kcache_testkit.nodes import Node  # noqa: E402

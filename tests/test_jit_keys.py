@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from kcache.layers.jit.content_keys import PathNames, Step, build_key, compiler_identity
 from kcache_schemas import jit
-from kcache_schemas.explain import diff, from_parts
+from kcache_schemas.key_diff import diff, from_parts
 
 ENV = {"torch": "2.13.0+cpu", "triton": "3.9.0", "cuda": None, "hip": None, "gpu_arch": None}
 GCC_BANNER = "Using built-in specs.\nCOLLECT_GCC={argv0}\nCOLLECT_LTO_WRAPPER=/usr/lib/gcc/x86_64-linux-gnu/12/lto-wrapper\nTarget: x86_64-linux-gnu\nThread model: posix\ngcc version 12.2.0 (Debian 12.2.0-14+deb12u1)"

@@ -17,8 +17,7 @@ from kcache.cli.commands import main as kcache_main
 from kcache.config import ClientConfig
 from kcache.exceptions import ConfigError
 from kcache.layers.key_canary import normalise
-from kcache_schemas.canary import UnsoundReport, suspects
-from kcache_schemas.explain import (
+from kcache_schemas.key_diff import (
     Component,
     KeyComponents,
     components_key,
@@ -29,6 +28,7 @@ from kcache_schemas.explain import (
 )
 from kcache_schemas.models import EnvFingerprint
 from kcache_schemas.units import parse_fraction
+from kcache_schemas.unsound_reports import UnsoundReport, suspects
 
 pytest.register_assert_rewrite("api_helpers")
 

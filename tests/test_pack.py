@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import zstandard
 from kcache_schemas import PackError, PackLimits, Producer, build_pack, pack_kernel_dir, read_pack
-from kcache_schemas.errors import ErrorCode
+from kcache_schemas.error_codes import ErrorCode
 from kcache_schemas.pack import (
     MANIFEST_NAME,
     _canonical_headers,

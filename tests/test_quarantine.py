@@ -17,8 +17,7 @@ import httpx
 import pytest
 from kcache_schemas import PackLimits, Producer
 from kcache_schemas.models import EnvFingerprint, WorkloadManifest
-from kcache_server import workloads
-from kcache_server.errors import Conflict, NotFound, Quarantined, QuarantinedUpload
+from kcache_server.domain_errors import Conflict, NotFound, Quarantined, QuarantinedUpload
 from kcache_server.storage import Index
 from kcache_server.storage.file_blobs import FileBlobStore
 from kcache_server.store import CacheStore
@@ -81,36 +80,36 @@ def test_quarantine_needs_a_reason(client: httpx.Client, ns: str) -> None:
 def test_quarantine_on_every_index(index: Index, tmp_path: Path) -> None:
     store = CacheStore(FileBlobStore(tmp_path / "blobs"), index, PackLimits(), access_flush_s=60)
     try:
-        info, created = store.put_entry("ns", "dynamo", KEY, PAYLOAD, Producer())
+        info, created = store.entries.put("ns", "dynamo", KEY, PAYLOAD, Producer())
         assert created
         fp = EnvFingerprint(torch="2.13")
         manifest = WorkloadManifest(name="w", fingerprint=fp, entries=[{"layer": "dynamo", "key": KEY}, {"layer": "fx-graph", "key": "k1"}])
-        workloads.publish(store, "ns", "w", manifest)
+        store.workloads.publish("ns", "w", manifest)
 
         with pytest.raises(Conflict):
-            store.quarantine_entry("ns", "dynamo", KEY, "TypeError", sha256="1" * 64)
-        q, created = store.quarantine_entry("ns", "dynamo", KEY, "TypeError: boom", sha256=info.sha256, reporter="kcache/x")
+            store.quarantine.report("ns", "dynamo", KEY, "TypeError", sha256="1" * 64)
+        q, created = store.quarantine.report("ns", "dynamo", KEY, "TypeError: boom", sha256=info.sha256, reporter="kcache/x")
         assert created and q.entry == info
-        assert store.quarantine_entry("ns", "dynamo", KEY, "later")[1] is False
+        assert store.quarantine.report("ns", "dynamo", KEY, "later")[1] is False
         with pytest.raises(Quarantined, match="boom"):
-            store.entry_bytes("ns", "dynamo", KEY)
+            store.entries.read("ns", "dynamo", KEY)
         with pytest.raises(QuarantinedUpload):
-            store.put_entry("ns", "dynamo", KEY, PAYLOAD, Producer())
-        assert store.quarantine_info("ns", "dynamo", KEY) == q
-        assert store.quarantined_keys("ns", "dynamo", [KEY, "other"]) == {KEY}
+            store.entries.put("ns", "dynamo", KEY, PAYLOAD, Producer())
+        assert store.quarantine.info("ns", "dynamo", KEY) == q
+        assert store.quarantine.quarantined_keys("ns", "dynamo", [KEY, "other"]) == {KEY}
         # The blob is gone with the entry; the marker holds none and is no cache item (no budget, no GC).
         assert store.blobs.size(info.sha256) is None
-        kinds = store.kinds("ns")
+        kinds = store.records.kinds("ns")
         assert kinds["quarantine/dynamo"].entries == 1 and kinds["quarantine/dynamo"].bytes == 0
         assert "entry/dynamo" not in kinds or kinds["entry/dynamo"].entries == 0
         # The workload's next prefetch does not list it.
-        view = workloads.view(store, "ns", "w")
+        view = store.workloads.view("ns", "w")
         assert [(e.layer, e.key) for e in view.entries] == [("fx-graph", "k1")]
 
-        store.lift_quarantine("ns", "dynamo", KEY)
+        store.quarantine.lift("ns", "dynamo", KEY)
         with pytest.raises(NotFound):
-            store.lift_quarantine("ns", "dynamo", KEY)
-        assert store.put_entry("ns", "dynamo", KEY, PAYLOAD, Producer())[1]
+            store.quarantine.lift("ns", "dynamo", KEY)
+        assert store.entries.put("ns", "dynamo", KEY, PAYLOAD, Producer())[1]
     finally:
         store.access.close()
 

@@ -22,15 +22,13 @@ import pytest
 from api_helpers import ADMIN_TOKEN, WRITE_TOKEN
 from fastapi.testclient import TestClient
 from kcache_schemas import PackLimits, Producer
+from kcache_schemas.gc_models import GcReport, GcRequest
 from kcache_schemas.models import EntryRef, EnvFingerprint, WorkloadManifest
-from kcache_schemas.retention import GcReport, GcRequest
 from kcache_schemas.units import parse_bytes, parse_duration
-from kcache_server import pins, workloads
 from kcache_server.app import create_app
-from kcache_server.errors import GcBusy, InsufficientStorage, InvalidRequest, NotFound
-from kcache_server.gc import Collector
+from kcache_server.domain_errors import GcBusy, InsufficientStorage, InvalidRequest, NotFound
 from kcache_server.kinds import KERNEL, entry_kind
-from kcache_server.retention import RetentionConfig
+from kcache_server.retention_rules import RetentionConfig
 from kcache_server.settings import Settings
 from kcache_server.storage import Index
 from kcache_server.storage.base import blob_ref
@@ -66,7 +64,7 @@ def _entries(kernels: list[Kernel], n: int) -> list[tuple[str, bytes]]:
 
 
 def _gc(store: CacheStore, now: float | None = None, **request: Any) -> GcReport:
-    return Collector(store).run(NS, GcRequest(**request), now=now)
+    return store.gc.run(NS, GcRequest(**request), now=now)
 
 
 def _touch(store: CacheStore, kind: str, keys: list[str], when: float) -> None:
@@ -78,15 +76,15 @@ def _touch(store: CacheStore, kind: str, keys: list[str], when: float) -> None:
 
 def test_lru_evicts_down_to_the_budget_sparing_recent_and_pinned(store: CacheStore, kernels: list[Kernel]) -> None:
     for k in kernels:
-        store.put_kernel(NS, k.key, k.pack)
+        store.kernels.put(NS, k.key, k.pack)
     base = time.time()
     keys = [k.key for k in kernels]
     for i, key in enumerate(keys):  # k0 least recently used ... k4 most
         _touch(store, KERNEL, [key], base + i)
     now = base + 10 * HOUR
     _touch(store, KERNEL, [keys[0]], now - 60)  # the working set: used a minute ago
-    workloads.publish(store, NS, "serving", WorkloadManifest(name="serving", fingerprint=NEW_ENV, kernels=[keys[1]]))
-    pins.pin(store, NS, "serving")
+    store.workloads.publish(NS, "serving", WorkloadManifest(name="serving", fingerprint=NEW_ENV, kernels=[keys[1]]))
+    store.pins.pin(NS, "serving")
     sizes = {k.key: len(k.pack) for k in kernels}
     target = sum(sizes.values()) - sizes[keys[2]] - sizes[keys[3]] // 2  # needs k2 and k3 gone
 
@@ -94,15 +92,15 @@ def test_lru_evicts_down_to_the_budget_sparing_recent_and_pinned(store: CacheSto
 
     assert [i.key for i in report.items] == [keys[2], keys[3]]  # LRU order, skipping pinned k1
     assert report.planned["budget"].entries == 2 and report.evicted == report.planned
-    assert report.after.bytes <= target and store.cache_usage(NS).bytes == report.after.bytes
+    assert report.after.bytes <= target and store.records.cache_usage(NS).bytes == report.after.bytes
     assert report.kept_recent.entries == 1 and report.kept_pinned.entries == 1 and report.pins == ["serving"]
     assert report.blobs_deleted.entries == 2 and report.skipped == 0
     for k in kernels[2:4]:
         with pytest.raises(NotFound):
-            store.kernel_pack(NS, k.key)
+            store.kernels.pack(NS, k.key)
         assert store.blobs.size(_digest(k.pack)) is None
     for k in (kernels[0], kernels[1], kernels[4]):
-        assert store.kernel_pack(NS, k.key)[1] == k.pack
+        assert store.kernels.pack(NS, k.key)[1] == k.pack
     assert store.index.blob_refs([_digest(k.pack) for k in kernels[2:4]]) == {}
 
 
@@ -114,31 +112,31 @@ def _digest(data: bytes) -> str:
 
 def test_a_blob_another_namespace_uses_survives_eviction(store: CacheStore, kernels: list[Kernel]) -> None:
     k = kernels[0]
-    store.put_kernel(NS, k.key, k.pack)
-    store.put_kernel("other", k.key, k.pack)  # deduplicated: one blob, two records
+    store.kernels.put(NS, k.key, k.pack)
+    store.kernels.put("other", k.key, k.pack)  # deduplicated: one blob, two records
     report = _gc(store, max_bytes=0, min_age_s=0)
     assert report.evicted["budget"].entries == 1 and report.blobs_shared == 1 and report.blobs_deleted.entries == 0
-    assert store.kernel_pack("other", k.key)[1] == k.pack
-    report = Collector(store).run("other", GcRequest(max_bytes=0, min_age_s=0))
+    assert store.kernels.pack("other", k.key)[1] == k.pack
+    report = store.gc.run("other", GcRequest(max_bytes=0, min_age_s=0))
     assert report.blobs_deleted.entries == 1 and store.blobs.size(_digest(k.pack)) is None
 
 
 def test_ttl_counts_creation_for_never_read_items_and_skips_what_was_used_since_the_scan(store: CacheStore, kernels: list[Kernel]) -> None:
     for k in kernels[:3]:
-        store.put_kernel(NS, k.key, k.pack)
+        store.kernels.put(NS, k.key, k.pack)
     now = time.time() + 2 * 86400
     _touch(store, KERNEL, [kernels[2].key], now - HOUR)  # read within the TTL
-    collector = Collector(store)
+    collector = store.gc
     plan = collector.plan(NS, GcRequest(older_than_s=86400), now=now)
     assert sorted(r.key for r, _ in plan.evictions) == sorted(k.key for k in kernels[:2])  # never read: aged by creation
     _touch(store, KERNEL, [kernels[1].key], now - 60)  # a hit flushed between the plan and the eviction
     report = collector._execute(plan, _held_lease(store))
     assert report.evicted["ttl"].entries == 1 and report.skipped == 1
-    assert {r.key for r in store.all_records(NS, KERNEL)} == {kernels[1].key, kernels[2].key}
+    assert {r.key for r in store.records.all_records(NS, KERNEL)} == {kernels[1].key, kernels[2].key}
 
 
 def _held_lease(store: CacheStore) -> Any:
-    from kcache_server.gc import LEASE, LEASE_TTL_S, _Lease
+    from kcache_server.store.gc import LEASE, LEASE_TTL_S, _Lease
 
     lease = _Lease(store.index, LEASE, LEASE_TTL_S)
     assert lease.acquire()
@@ -149,19 +147,19 @@ def test_environment_purge_by_id_by_fields_and_by_idle_policy(store: CacheStore,
     k = [x.key for x in kernels]
     entries = _entries(kernels, 3)
     for x in kernels:
-        store.put_kernel(NS, x.key, x.pack)
+        store.kernels.put(NS, x.key, x.pack)
     for key, data in entries:
-        store.put_entry(NS, "fx-graph", key, data, Producer())
+        store.entries.put(NS, "fx-graph", key, data, Producer())
     start = time.time()
     # The old environment's runs used k0, k1 and entry 0; the new one's k1 (shared), k2, entry 1.
-    workloads.publish(store, NS, "train", WorkloadManifest(name="train", fingerprint=OLD_ENV, kernels=k[:2], entries=[EntryRef(layer="fx-graph", key=entries[0][0])]))
-    workloads.publish(store, NS, "train", WorkloadManifest(name="train", fingerprint=NEW_ENV, kernels=k[1:3], entries=[EntryRef(layer="fx-graph", key=entries[1][0])]))
-    collector = Collector(store)
+    store.workloads.publish(NS, "train", WorkloadManifest(name="train", fingerprint=OLD_ENV, kernels=k[:2], entries=[EntryRef(layer="fx-graph", key=entries[0][0])]))
+    store.workloads.publish(NS, "train", WorkloadManifest(name="train", fingerprint=NEW_ENV, kernels=k[1:3], entries=[EntryRef(layer="fx-graph", key=entries[1][0])]))
+    collector = store.gc
 
     # Dry run by id: only what the old environment alone used, and its run.
     plan = collector.plan(NS, GcRequest(env=OLD_ENV.id, min_age_s=0, dry_run=True), now=start + 1)
     assert {(r.kind, r.key) for r, _ in plan.evictions} == {
-        (KERNEL, k[0]), (entry_kind("fx-graph"), entries[0][0]), ("workload/train", next(r.key for r in store.all_records(NS, "workload/train") if r.key.startswith(OLD_ENV.id)))}
+        (KERNEL, k[0]), (entry_kind("fx-graph"), entries[0][0]), ("workload/train", next(r.key for r in store.records.all_records(NS, "workload/train") if r.key.startswith(OLD_ENV.id)))}
     assert plan.report.env == {"torch": "2.9.1", "triton": "3.5.1", "cuda": "12.8", "gpu_arch": "90"}
 
     # By fields: what the new environment's runs alone list (its triton and arch match), and the
@@ -169,7 +167,7 @@ def test_environment_purge_by_id_by_fields_and_by_idle_policy(store: CacheStore,
     # old environment's runs list it too, and that one does not match.
     assert kernels[3].manifest.triton_version == NEW_ENV.triton
     plan = collector.plan(NS, GcRequest(env="triton=3.9.0,gpu_arch=sm_90", min_age_s=0), now=start + 1)
-    new_run = next(r.key for r in store.all_records(NS, "workload/train") if r.key.startswith(NEW_ENV.id))
+    new_run = next(r.key for r in store.records.all_records(NS, "workload/train") if r.key.startswith(NEW_ENV.id))
     assert {r.key for r, _ in plan.evictions} == {k[2], entries[1][0], k[3], k[4], new_run}
     # Asking for torch too: kernels no run lists do not know their torch, so they stay.
     plan = collector.plan(NS, GcRequest(env="triton=3.9.0,torch=2.13.0", min_age_s=0), now=start + 1)
@@ -183,15 +181,15 @@ def test_environment_purge_by_id_by_fields_and_by_idle_policy(store: CacheStore,
     # The policy: the old environment idle for 8 days, the new one used an hour ago.
     now = start + 8 * 86400
     _touch(store, KERNEL, k[1:3], now - HOUR)
-    workloads.publish(store, NS, "train", WorkloadManifest(name="train", fingerprint=NEW_ENV, kernels=k[1:3], entries=[EntryRef(layer="fx-graph", key=entries[1][0])]))
+    store.workloads.publish(NS, "train", WorkloadManifest(name="train", fingerprint=NEW_ENV, kernels=k[1:3], entries=[EntryRef(layer="fx-graph", key=entries[1][0])]))
     store.access.flush()  # the re-publish counts as a use of the new environment
-    store.index.touch(NS, "workload/train", [r.key for r in store.all_records(NS, "workload/train") if r.key.startswith(NEW_ENV.id)], now - HOUR)
+    store.index.touch(NS, "workload/train", [r.key for r in store.records.all_records(NS, "workload/train") if r.key.startswith(NEW_ENV.id)], now - HOUR)
     store.retention = RetentionConfig.model_validate({"default": {"env_idle": "7d", "min_age": "1h"}})
-    report = Collector(store).run(NS, GcRequest(), now=now)
+    report = store.gc.run(NS, GcRequest(), now=now)
     assert report.evicted["env"].entries == 2  # k0 and entry 0
-    left = {r.key for r in store.all_records(NS, KERNEL)} | {r.key for r in store.all_records(NS, entry_kind("fx-graph"))}
+    left = {r.key for r in store.records.all_records(NS, KERNEL)} | {r.key for r in store.records.all_records(NS, entry_kind("fx-graph"))}
     assert left == set(k[1:]) | {entries[1][0], entries[2][0]}
-    assert [r.key.split("/")[0] for r in store.all_records(NS, "workload/train")] == [NEW_ENV.id]
+    assert [r.key.split("/")[0] for r in store.records.all_records(NS, "workload/train")] == [NEW_ENV.id]
 
 
 # ---- the commit protocol against a concurrent GC -----------------------------------------------------
@@ -237,30 +235,30 @@ def test_gc_between_a_puts_blob_write_and_its_insert_leaves_the_blob(store: Cach
     k = kernels[0]
     d = _digest(k.pack)
     store.blobs.put(d, k.pack)  # an orphan: no record, no reference
-    assert store.refs_complete()
+    assert store.references.refs_complete()
     pause = Pause(monkeypatch, store.index, "put_if_absent")
-    t, out = _in_thread(lambda: store.put_kernel(NS, k.key, k.pack))
+    t, out = _in_thread(lambda: store.kernels.put(NS, k.key, k.pack))
     assert pause.reached.wait(30)
     # The PUT has claimed and verified the blob; GC now, as hard as it can.
-    assert store.delete_blob_if_unreferenced(d) is False
-    report = Collector(store).run("elsewhere", GcRequest(orphans=True, min_age_s=0))
+    assert store.references.delete_blob_if_unreferenced(d) is False
+    report = store.gc.run("elsewhere", GcRequest(orphans=True, min_age_s=0))
     assert report.orphans.entries == 0  # the blob is unnamed, but the PUT's claim is live
     assert store.blobs.size(d) == len(k.pack)
     pause.go.set()
     t.join(30)
     assert out and out[0][1] is True, out
-    assert store.kernel_pack(NS, k.key)[1] == k.pack
+    assert store.kernels.pack(NS, k.key)[1] == k.pack
 
 
 def test_a_put_waits_for_a_gc_that_is_deleting_the_same_blob(store: CacheStore, kernels: list[Kernel], monkeypatch: pytest.MonkeyPatch) -> None:
     k = kernels[1]
     d = _digest(k.pack)
     store.blobs.put(d, k.pack)
-    assert store.refs_complete()
+    assert store.references.refs_complete()
     pause = Pause(monkeypatch, store.blobs, "delete")
-    gc, gc_out = _in_thread(lambda: store.delete_blob_if_unreferenced(d))
+    gc, gc_out = _in_thread(lambda: store.references.delete_blob_if_unreferenced(d))
     assert pause.reached.wait(30)  # the GC holds the deletion marker and is about to delete
-    put, put_out = _in_thread(lambda: store.put_kernel(NS, k.key, k.pack))
+    put, put_out = _in_thread(lambda: store.kernels.put(NS, k.key, k.pack))
     put.join(0.5)
     assert put.is_alive() and store.index.get(NS, KERNEL, k.key) is None  # waiting for the GC
     pause.go.set()
@@ -268,7 +266,7 @@ def test_a_put_waits_for_a_gc_that_is_deleting_the_same_blob(store: CacheStore, 
     put.join(30)
     assert gc_out == [True] and put_out and put_out[0][1] is True, (gc_out, put_out)
     assert store.blobs.size(d) == len(k.pack)  # written again after the deletion
-    assert store.kernel_pack(NS, k.key)[1] == k.pack
+    assert store.kernels.pack(NS, k.key)[1] == k.pack
 
 
 def test_a_put_rewrites_a_blob_that_a_stalled_gc_deleted_under_it(store: CacheStore, kernels: list[Kernel], monkeypatch: pytest.MonkeyPatch) -> None:
@@ -278,17 +276,17 @@ def test_a_put_rewrites_a_blob_that_a_stalled_gc_deleted_under_it(store: CacheSt
     d = _digest(k.pack)
     pause = Pause(monkeypatch, store.index, "put_if_absent", before=lambda: store.blobs.delete(d))
     pause.go.set()
-    _entry, created = store.put_kernel(NS, k.key, k.pack)
+    _entry, created = store.kernels.put(NS, k.key, k.pack)
     assert created and pause.reached.is_set()
     assert store.blobs.size(d) == len(k.pack)
-    assert store.kernel_pack(NS, k.key)[1] == k.pack
+    assert store.kernels.pack(NS, k.key)[1] == k.pack
 
 
 def test_a_get_racing_an_eviction_answers_the_whole_pack_or_a_miss(store: CacheStore, kernels: list[Kernel], monkeypatch: pytest.MonkeyPatch) -> None:
     k = kernels[3]
-    store.put_kernel(NS, k.key, k.pack)
+    store.kernels.put(NS, k.key, k.pack)
     pause = Pause(monkeypatch, store.blobs, "get")
-    get, out = _in_thread(lambda: store.kernel_pack(NS, k.key))
+    get, out = _in_thread(lambda: store.kernels.pack(NS, k.key))
     assert pause.reached.wait(30)  # the GET has the index record, not yet the bytes
     report = _gc(store, max_bytes=0, min_age_s=0)
     assert report.evicted["budget"].entries == 1 and report.blobs_deleted.entries == 1
@@ -300,7 +298,7 @@ def test_a_get_racing_an_eviction_answers_the_whole_pack_or_a_miss(store: CacheS
 
 def test_orphan_sweep_after_a_crash_mid_write(store: CacheStore, kernels: list[Kernel], tmp_path: Path) -> None:
     k, kept = kernels[4], kernels[0]
-    store.put_kernel(NS, kept.key, kept.pack)
+    store.kernels.put(NS, kept.key, kept.pack)
     d = _digest(k.pack)
     # A writer died after claiming and writing its blob, before inserting its record; another
     # died inside the blob write (a temp file).
@@ -319,15 +317,15 @@ def test_orphan_sweep_after_a_crash_mid_write(store: CacheStore, kernels: list[K
     assert report.orphans.entries == 1 and report.orphans.bytes == len(k.pack)
     assert store.blobs.size(d) is None and store.index.blob_refs([d]) == {}
     assert any("partial" in n for n in report.notes) and not partial.exists()
-    assert store.kernel_pack(NS, kept.key)[1] == kept.pack
+    assert store.kernels.pack(NS, kept.key)[1] == kept.pack
 
 
 def test_records_from_before_references_are_backfilled_before_any_blob_is_deleted(store: CacheStore, kernels: list[Kernel]) -> None:
     """An index written by a kcache without blob references: the first GC adds them, so an
     eviction in one namespace never deletes a blob another namespace's old record names."""
     k = kernels[0]
-    store.put_kernel(NS, k.key, k.pack)
-    store.put_kernel("legacy", k.key, k.pack)
+    store.kernels.put(NS, k.key, k.pack)
+    store.kernels.put("legacy", k.key, k.pack)
     d = _digest(k.pack)
     for ns in (NS, "legacy"):  # forget the references, as an old index would have none
         ref = blob_ref(ns, KERNEL, k.key)
@@ -336,12 +334,12 @@ def test_records_from_before_references_are_backfilled_before_any_blob_is_delete
     try:
         # The flag says references are complete; an index from before would not have it.
         _clear_refs_flag(fresh.index)
-        assert not fresh.refs_complete()
-        assert fresh.delete_blob_if_unreferenced(d) is False  # nothing deleted before a backfill
-        report = Collector(fresh).run(NS, GcRequest(max_bytes=0, min_age_s=0))
+        assert not fresh.references.refs_complete()
+        assert fresh.references.delete_blob_if_unreferenced(d) is False  # nothing deleted before a backfill
+        report = fresh.gc.run(NS, GcRequest(max_bytes=0, min_age_s=0))
         assert any("backfilled 2 blob references" in n for n in report.notes), report.notes
         assert report.blobs_shared == 1 and fresh.blobs.size(d) == len(k.pack)
-        assert fresh.kernel_pack("legacy", k.key)[1] == k.pack
+        assert fresh.kernels.pack("legacy", k.key)[1] == k.pack
     finally:
         fresh.access.close()
 
@@ -360,7 +358,7 @@ def test_one_gc_at_a_time(store: CacheStore) -> None:
     assert store.index.acquire_lease("gc", "another-replica", 30)
     with pytest.raises(GcBusy):
         _gc(store)
-    assert Collector(store).run_policies() == []
+    assert store.gc.run_policies() == []
     store.index.release_lease("gc", "another-replica")
     assert _gc(store).namespace == NS
 
@@ -389,7 +387,7 @@ def test_fill_past_soft_and_hard_limits_keeps_the_working_set_and_the_budget(sto
         while not stop.is_set():
             for kind, key, data in working:
                 try:
-                    got = store.kernel_pack(NS, key)[1] if kind == "kernel" else store.entry_bytes(NS, "fx-graph", key)[1]
+                    got = store.kernels.pack(NS, key)[1] if kind == "kernel" else store.entries.read(NS, "fx-graph", key)[1]
                 except Exception as exc:
                     problems.append(f"working set {key}: {exc!r}")
                     continue
@@ -401,13 +399,13 @@ def test_fill_past_soft_and_hard_limits_keeps_the_working_set_and_the_budget(sto
     evicted: list[int] = []
 
     def collector() -> None:
-        c = Collector(store)
+        c = store.gc
         while not stop.is_set():
             try:
                 evicted.extend(sum(a.entries for a in r.evicted.values()) for r in c.run_policies())
             except Exception as exc:
                 problems.append(f"gc: {exc!r}")
-            peak[0] = max(peak[0], store.cache_usage(NS).bytes)
+            peak[0] = max(peak[0], store.records.cache_usage(NS).bytes)
             time.sleep(0.05)
 
     threads = [threading.Thread(target=reader), threading.Thread(target=collector)]
@@ -424,10 +422,10 @@ def test_fill_past_soft_and_hard_limits_keeps_the_working_set_and_the_budget(sto
             except InsufficientStorage as exc:
                 refused += 1
                 assert "hard limit" in str(exc)
-            peak[0] = max(peak[0], store.cache_usage(NS).bytes)
+            peak[0] = max(peak[0], store.records.cache_usage(NS).bytes)
             time.sleep(pause)
         deadline = time.monotonic() + 20
-        while store.cache_usage(NS).bytes > soft and time.monotonic() < deadline:
+        while store.records.cache_usage(NS).bytes > soft and time.monotonic() < deadline:
             time.sleep(0.1)
     finally:
         stop.set()
@@ -436,17 +434,17 @@ def test_fill_past_soft_and_hard_limits_keeps_the_working_set_and_the_budget(sto
     assert not problems, problems[:5]
     assert reads[0] > 20 and refused > 0 and sum(evicted) >= len(items) // 2, (reads, refused, sum(evicted))
     assert peak[0] <= hard, (peak[0], hard)
-    assert store.cache_usage(NS).bytes <= soft
+    assert store.records.cache_usage(NS).bytes <= soft
     for kind, key, data in working:  # survived every GC
-        assert (store.kernel_pack(NS, key)[1] if kind == "kernel" else store.entry_bytes(NS, "fx-graph", key)[1]) == data
+        assert (store.kernels.pack(NS, key)[1] if kind == "kernel" else store.entries.read(NS, "fx-graph", key)[1]) == data
     _assert_consistent(store)
 
 
 def _put(store: CacheStore, kind: str, key: str, data: bytes) -> None:
     if kind == "kernel":
-        store.put_kernel(NS, key, data)
+        store.kernels.put(NS, key, data)
     else:
-        store.put_entry(NS, "fx-graph", key, data, Producer())
+        store.entries.put(NS, "fx-graph", key, data, Producer())
 
 
 def _assert_consistent(store: CacheStore) -> None:
@@ -454,7 +452,7 @@ def _assert_consistent(store: CacheStore) -> None:
     named: set[str] = set()
     for ns, kinds in store.index.usage().items():
         for kind in kinds:
-            for r in store.all_records(ns, kind):
+            for r in store.records.all_records(ns, kind):
                 if r.digest:
                     assert store.blobs.size(r.digest) == r.size, f"{kind} {r.key}: record without its blob"
                     named.add(r.digest)

@@ -18,7 +18,7 @@ from kcache.config import ClientConfig, settings_or_off
 from kcache.exceptions import ConfigError
 from kcache.store.counters import load_stats
 from kcache_schemas.units import parse_bytes, parse_duration
-from kcache_server.retention import RetentionConfig
+from kcache_server.retention_rules import RetentionConfig
 from kcache_server.server import serve
 from kcache_server.settings import Settings
 
@@ -101,6 +101,7 @@ def test_read_only_spellings_are_read_only(monkeypatch: pytest.MonkeyPatch, spel
 @pytest.mark.parametrize(("var", "value", "says"), [
     ("KCACHE_MODE", "read-onyl", "not a mode: use readwrite (or read-write, rw), readonly (or read-only, ro), or off"),
     ("KCACHE_MODE", "write", "not a mode"),
+    ("KCACHE_MODE", "bogus", "not a mode"),
     ("KCACHE_LOCAL_MAX_BYTES", "10 gigs", "not a size; use bytes (1048576), or a number with a unit"),
     ("KCACHE_LOCAL_MAX_BYTES", "-1G", "a size must not be negative"),
     ("KCACHE_CHECK_TARGET", "flase", "not a switch: use 1 or 0"),
@@ -116,6 +117,8 @@ def test_read_only_spellings_are_read_only(monkeypatch: pytest.MonkeyPatch, spel
     ("KCACHE_NAMESPACE", "Team/A", "a namespace must be 1-63 chars of [a-z0-9._-]"),
     ("KCACHE_URL", "not-a-url", "not a service URL: use http(s)://host[:port]"),
     ("KCACHE_URL", "http://kcache:8765/v1", "ends in /v1, the API's prefix: give the service's root (http://kcache:8765)"),
+    ("KCACHE_GPU_ARCH", "H100", "not a GPU arch: use sm_90 (or 90) for NVIDIA, gfx90a for AMD"),
+    ("KCACHE_CANARY", "5", "a fraction is from 0 to 1 (0 % to 100 %); write 5% for 5 percent"),
 ])
 def test_install_refuses_a_setting_that_does_not_parse_naming_it(monkeypatch: pytest.MonkeyPatch, var: str, value: str, says: str) -> None:
     """Before: each of these fell back to its default silently (KCACHE_MODE=read-onyl uploaded)."""
@@ -132,6 +135,13 @@ def test_install_refuses_a_setting_that_does_not_parse_naming_it(monkeypatch: py
     assert get_runtime() is None  # nothing was switched on
 
 
+def test_a_gpu_arch_that_does_not_parse_is_never_the_local_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``KCACHE_GPU_ARCH=H100`` was taken as the arch: every kernel (built for ``90``) mismatched."""
+    for given, arch in (("sm_90", "sm_90"), (" 90 ", "90"), ("GFX90A", "gfx90a"), ("H100", None), ("", None)):
+        monkeypatch.setenv("KCACHE_GPU_ARCH", given)
+        assert config.gpu_arch_override() == arch
+
+
 def test_install_arguments_parse_like_the_variables(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("KCACHE_MODE", raising=False)
     assert ClientConfig.from_env(mode="read-only", local_max_bytes="2GB").local_max_bytes == 2 * GB
@@ -139,6 +149,22 @@ def test_install_arguments_parse_like_the_variables(monkeypatch: pytest.MonkeyPa
         ClientConfig.from_env(mode="read-onyl")
     with pytest.raises(TypeError, match="unknown options: mdoe"):
         ClientConfig.from_env(mdoe="readonly")
+
+
+def test_typed_install_arguments_are_held_to_the_same_limits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before, a number or bool given to install() skipped the parser: ``upload_queue=0`` and
+    ``local_max_bytes=-5`` were taken as they came."""
+    cfg = ClientConfig.from_env(url="http://127.0.0.1:9", connect_timeout_s=0.25, read_timeout_s=30, retries=0, check_target=False,
+                                local_max_bytes=1e9, canary=1e-05)
+    assert (cfg.connect_timeout_s, cfg.read_timeout_s, cfg.retries, cfg.check_target, cfg.local_max_bytes, cfg.canary) == (0.25, 30.0, 0, False, 10**9, 1e-05)
+    for given, says in ((dict(upload_queue=0), "upload_queue=0: must be at least 1"),
+                        (dict(local_max_bytes=-5), "local_max_bytes=-5: a size must not be negative"),
+                        (dict(connect_timeout_s=float("nan")), "connect_timeout_s=nan: not a duration"),
+                        (dict(canary=5), "canary=5: a fraction is from 0 to 1"),
+                        (dict(retries=True), "retries=True: not a whole number")):
+        with pytest.raises(ConfigError) as info:
+            ClientConfig.from_env(**given)
+        assert says in str(info.value)
 
 
 def test_every_problem_is_named_at_once_and_empty_means_unset(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -201,6 +227,68 @@ def test_serve_refuses_a_bad_setting_naming_the_variable(monkeypatch: pytest.Mon
     assert "short" not in str(info.value)  # a token is never echoed
 
 
+# Every size and duration of the service, found from its settings model: a new ``*_bytes`` or ``*_s``
+# setting that is a plain int or float (``64MiB`` refused, ``10G`` read differently) fails here.
+SERVICE_SIZES = sorted(n for n, f in Settings.model_fields.items() if any(getattr(m, "func", None) is parse_bytes for m in f.metadata))
+SERVICE_DURATIONS = sorted(n for n in Settings.model_fields if n.endswith("_s"))
+
+
+def test_every_service_size_setting_is_in_the_one_grammar() -> None:
+    assert sorted(n for n in Settings.model_fields if n.endswith("_bytes")) == SERVICE_SIZES
+    assert {"max_pack_bytes", "max_unpacked_bytes", "max_entry_bytes", "memory_budget_bytes"} <= set(SERVICE_SIZES)
+
+
+@pytest.mark.parametrize("name", SERVICE_SIZES)
+def test_each_service_size_reads_binary_and_decimal_units_and_refuses_nonsense_by_name(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, name: str) -> None:
+    var = f"KCACHE_{name.upper()}"
+    monkeypatch.setenv("KCACHE_DATA_DIR", str(tmp_path))
+    for text, expected in (("10GiB", 10 * GIB), ("10GB", 10 * GB), ("10G", 10 * GIB), ("1048576", 1 << 20)):
+        monkeypatch.setenv(var, text)
+        assert getattr(Settings(), name) == expected, text
+    monkeypatch.setenv(var, "10 gigs")
+    with pytest.raises(SystemExit) as info:
+        serve({})
+    assert f"{var}='10 gigs': not a size; use bytes" in str(info.value), info.value
+
+
+@pytest.mark.parametrize("name", SERVICE_DURATIONS)
+def test_each_service_duration_takes_units_and_refuses_nonsense_by_name(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, name: str) -> None:
+    var = f"KCACHE_{name.upper()}"
+    monkeypatch.setenv("KCACHE_DATA_DIR", str(tmp_path))
+    for text in ("5m", "300"):
+        monkeypatch.setenv(var, text)
+        assert getattr(Settings(), name) == 300, text
+    monkeypatch.setenv(var, "soon")
+    with pytest.raises(SystemExit) as info:
+        serve({})
+    assert f"{var}='soon': not a duration" in str(info.value), info.value
+
+
+@pytest.mark.parametrize(("var", "value", "says"), [
+    # Before: read as a string and handed to logging at start-up (a traceback from dictConfig).
+    ("KCACHE_LOG_LEVEL", "verbose", "KCACHE_LOG_LEVEL='verbose': Input should be 'trace', 'debug', 'info', 'warning', 'error' or 'critical'"),
+    ("KCACHE_WORKERS", "0", "KCACHE_WORKERS='0': Input should be greater than or equal to 1"),
+    ("KCACHE_PORT", "70000", "KCACHE_PORT='70000': Input should be less than or equal to 65535"),
+    ("KCACHE_PRESIGN_EXPIRES_S", "1.5", "KCACHE_PRESIGN_EXPIRES_S='1.5': a whole number of seconds is needed"),
+])
+def test_serve_refuses_other_nonsense_naming_the_variable(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, var: str, value: str, says: str) -> None:
+    monkeypatch.setenv("KCACHE_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv(var, value)
+    with pytest.raises(SystemExit) as info:
+        serve({})
+    assert says in str(info.value), info.value
+
+
+def test_the_metrics_usage_cache_is_a_setting(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """``KCACHE_METRICS_USAGE_TTL_S=often`` was read by the metrics module and fell back to 10 s."""
+    from kcache_server.app import create_app
+
+    monkeypatch.setenv("KCACHE_METRICS_USAGE_TTL_S", "1m")
+    assert create_app(Settings(data_dir=tmp_path)).state.metrics.storage.ttl_s == 60.0
+    monkeypatch.setenv("KCACHE_LOG_LEVEL", "WARNING")
+    assert Settings(data_dir=tmp_path).log_level == "warning"
+
+
 def test_service_sizes_and_durations_take_units(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("KCACHE_DATA_DIR", str(tmp_path))
     monkeypatch.setenv("KCACHE_MAX_PACK_BYTES", "32MiB")
@@ -251,5 +339,59 @@ def test_under_autoload_read_only_never_uploads_and_a_bad_mode_is_one_warning_an
         else:
             assert not stats.exists()  # off: no stats either
     proc = _job(Node(tmp_path / "rw"), url, KCACHE_MODE="read-write")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert _stored(url) > 0
+
+
+@pytest.mark.torch
+def test_a_job_that_only_builds_extensions_hears_of_a_bad_mode_once(tmp_path: Path) -> None:
+    """Before, only Inductor's and Triton's imports said why kcache was off: a job that only
+    builds extensions with ``KCACHE_MODE=bogus`` ran without kcache and without a word."""
+    node = Node(tmp_path)
+    proc = subprocess.run([sys.executable, "-c", "import torch.utils.cpp_extension; print('RESULT ok')"], capture_output=True, text=True,
+                          cwd=node.root, timeout=HANG_S, stdin=subprocess.DEVNULL, env=node.env(KCACHE_URL="http://127.0.0.1:9", KCACHE_MODE="bogus"))
+    assert proc.returncode == 0 and "RESULT ok" in proc.stdout, proc.stderr[-3000:]
+    warnings = [ln for ln in proc.stderr.splitlines() if ln.startswith("kcache:")]
+    assert len(warnings) == 1 and "KCACHE_MODE='bogus': not a mode" in warnings[0] and "kcache is off" in warnings[0], proc.stderr[-3000:]
+
+
+# A user's job as a user writes it: kcache comes from the environment alone (the .pth).
+COMPILE_JOB = "import torch; f = torch.compile(lambda x: (x.sin() + 1).sum()); print('RESULT', float(f(torch.ones(8))))"
+
+
+
+def _compile(node: Node, url: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", COMPILE_JOB], capture_output=True, text=True, cwd=node.root, timeout=HANG_S,
+                          stdin=subprocess.DEVNULL, env=node.env(KCACHE_URL=url, **env))
+
+
+@pytest.mark.slow
+@pytest.mark.torch
+def test_an_inductor_job_under_autoload_never_uploads_when_read_only_or_refused(live_service, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """``python -c 'import torch; torch.compile(...)'`` with ``KCACHE_URL``: ``KCACHE_MODE=read-only``
+    looks up and uploads nothing (before #27 it meant readwrite); a size that does not parse is
+    exactly one ``kcache:`` line naming the variable, the job exits 0, and nothing is uploaded
+    (it also printed "automatic activation failed" and a traceback, from the extension-JIT hook).
+    A bad mode under autoload: the Triton job above. The readwrite run last shows that this job
+    does upload."""
+    url = live_service.url
+    cases = [("read-only", {"KCACHE_MODE": "read-only"}, None),
+             ("size", {"KCACHE_LOCAL_MAX_BYTES": "10 gigs"}, "KCACHE_LOCAL_MAX_BYTES='10 gigs': not a size")]
+    for name, settings, refused in cases:
+        node = Node(tmp_path / name)
+        # A loaded test machine answers late: a lookup that timed out would be a warning of its own.
+        proc = _compile(node, url, KCACHE_WORKLOAD="settings", KCACHE_STATS_FILE=str(node.root / "stats.json"), KCACHE_READ_TIMEOUT_S="30s", **settings)
+        assert proc.returncode == 0 and "RESULT 14.7" in proc.stdout, proc.stderr[-3000:]
+        assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+        warnings = [ln for ln in proc.stderr.splitlines() if ln.startswith("kcache:")]
+        if refused is None:
+            assert not [w for w in warnings if "settings" in w], proc.stderr[-3000:]  # read-only is a mode
+            doc = load_stats(node.root / "stats.json")  # kcache was on: it looked the graph up, put nothing
+            assert doc.layers["fx-graph"].lookups >= 1 and doc.totals().puts == 0, doc.layers
+        else:
+            assert len(warnings) == 1 and refused in warnings[0] and "kcache is off in this process" in warnings[0], proc.stderr[-3000:]
+            assert not (node.root / "stats.json").exists()  # off: no stats either
+        assert _stored(url) == 0, f"{settings} uploaded"
+    proc = _compile(Node(tmp_path / "rw"), url, KCACHE_MODE="readwrite", KCACHE_READ_TIMEOUT_S="30s", KCACHE_FLUSH_TIMEOUT_S="2m")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert _stored(url) > 0

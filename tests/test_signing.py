@@ -25,11 +25,13 @@ from kcache.runtime import Runtime
 from kcache.store.fingerprint import current
 from kcache.transport.entry_signing import LEGACY_HMAC_MAGIC, EntrySigning, _legacy_mac
 from kcache.transport.http import KcacheClient
-from kcache_schemas import signature as envelope
-from kcache_schemas.signature import SignatureError
+from kcache_schemas import signed_envelope as envelope
+from kcache_schemas.signed_envelope import SignatureError
 from kcache_server.app import create_app
 from kcache_server.settings import Settings
 from pydantic import ValidationError
+
+from kcache_testkit.pace import PATIENT_DEADLINES
 
 pytestmark = pytest.mark.torch
 
@@ -75,7 +77,7 @@ def keys(tmp_path_factory: pytest.TempPathFactory) -> dict[str, KeyPair]:
 
 
 def runtime(url: str, tmp: Path, name: str, **options: Any) -> Runtime:
-    return Runtime(ClientConfig(url=url, local_dir=str(tmp / name), **options))
+    return Runtime(ClientConfig(url=url, local_dir=str(tmp / name), **{**PATIENT_DEADLINES, **options}))
 
 
 @pytest.fixture
@@ -339,7 +341,7 @@ def test_producer_keys_settings_are_checked_at_start_up(keys: dict[str, KeyPair]
     keys_file = tmp_path / "producer-keys.json"
     keys_file.write_text(json.dumps({"*": [keys["a"].public_line], "team-b": [keys["b"].public_line]}))
     settings = Settings(data_dir=tmp_path, producer_keys_file=keys_file)
-    from kcache_server.signatures import registered_keys
+    from kcache_server.producer_keys import registered_keys
 
     assert registered_keys(settings.registered_keys, "team-b").key_ids() == sorted([keys["a"].key_id, keys["b"].key_id])
     assert registered_keys(settings.registered_keys, "anything").key_ids() == [keys["a"].key_id]

@@ -23,7 +23,7 @@ from kcache.cli.commands import main as kcache_main
 from kcache.reporting.report import format_junit, format_markdown, run_report, summary_line
 from kcache.store.counters import Stats, load_stats, stats_target, write_stats
 from kcache_schemas.models import EnvFingerprint
-from kcache_schemas.stats import RunStatsReport, StatsDocument, total
+from kcache_schemas.stats_document import RunStatsReport, StatsDocument, total
 
 from kcache_testkit.pace import HANG_S
 

@@ -33,7 +33,7 @@ from kcache.config import ClientConfig  # noqa: E402
 from kcache.store.local_store import LocalEntryStore  # noqa: E402
 from kcache.transport.http import KcacheClient  # noqa: E402
 from kcache_schemas import tree  # noqa: E402
-from kcache_schemas.signature import is_signed  # noqa: E402
+from kcache_schemas.signed_envelope import is_signed  # noqa: E402
 
 from kcache_testkit.nodes import Node  # noqa: E402
 from kcache_testkit.ports import free_port  # noqa: E402
@@ -109,7 +109,7 @@ def _hostile_namespace(fleet: Fleet, namespace: str) -> Node:
     whose local tier holds a copy that does not verify (a flipped byte): both must be refused."""
     [(_, key)] = fleet.entries()
     stored, compile_time = fleet.client().get_entry("vllm", key)
-    from kcache_schemas import signature
+    from kcache_schemas import signed_envelope as signature
 
     payload = signature.parse(stored).payload()
     files = dict(tree.decode(payload).files)

@@ -132,9 +132,10 @@ def _main() -> None:
     if (mode and mode not in MODES_ON) or autoload is None or manager is None:
         # A switch that does not parse is never read as on (KCACHE_MODE=read-onyl must not
         # upload): nothing is hooked or set, and the first Inductor or Triton import says why,
-        # once (kcache.config names every setting that does not parse).
-        sys.meta_path.insert(0, _Trigger(TRIGGER, _refuse))
-        sys.meta_path.insert(0, _Trigger(TRITON_COMPILER, _refuse))
+        # once (kcache.config names every setting that does not parse); so does a job that only
+        # builds extensions or runs vLLM.
+        for module in (TRIGGER, TRITON_COMPILER, EXTENSIONS, TVM_FFI_EXTENSIONS, VLLM_DECORATORS):
+            sys.meta_path.insert(0, _Trigger(module, _refuse))
         return
     # Triton looks up its cache manager per compile; set it now so that Triton users without
     # Inductor (vLLM, hand-written kernels) get kcache too. Inert unless KCACHE_URL is set.

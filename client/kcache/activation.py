@@ -70,8 +70,8 @@ def activate_vllm(_decorators: ModuleType) -> bool:
     """What a vLLM process needs before its first compile-cache lookup (the ``.pth`` calls it
     right after ``vllm.compilation.decorators``'s code ran, which may precede Inductor's import):
     the runtime and the vllm layer; the rest activates with Inductor as always."""
-    config = ClientConfig.from_env()
-    if not config.enabled:
+    config = settings_or_off()  # the .pth calls this: a bad setting is one warning, kcache off
+    if config is None or not config.enabled:
         return False
     ensure_runtime(config)
     _install(registry.registered("kcache.layers.vllm_compile_cache"), config)
@@ -83,8 +83,8 @@ def activate_extensions(extension: ModuleType) -> bool:
     ``tvm_ffi.cpp.extension``) but may never use Inductor needs (the ``.pth`` calls it right after
     that module's code ran): the runtime and that builder's hooks, none of Inductor's modules
     imported."""
-    config = ClientConfig.from_env()
-    if not config.enabled:
+    config = settings_or_off()  # the .pth calls this: a bad setting is one warning, kcache off
+    if config is None or not config.enabled:
         return False
     ensure_runtime(config)
     layer = "kcache.layers.jit.tvm_ffi" if extension.__name__ == "tvm_ffi.cpp.extension" else "kcache.layers.jit.torch_extensions"

@@ -17,7 +17,9 @@ kcache stays off in that process. An empty value is the same as an unset one.
 
 from __future__ import annotations
 
+import math
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -127,6 +129,17 @@ def _count(minimum: int) -> Callable[[str], int]:
     return parse
 
 
+_GPU_ARCH_RE = re.compile(r"(?:sm_)?\d{2,3}|gfx[0-9a-z]+")
+
+
+def parse_gpu_arch(raw: str) -> str:
+    """``sm_90``, ``90``, ``gfx90a``: torch's names for a GPU (anything else would refuse every kernel)."""
+    arch = raw.strip().lower()
+    if _GPU_ARCH_RE.fullmatch(arch) is None:
+        raise ValueError("not a GPU arch: use sm_90 (or 90) for NVIDIA, gfx90a for AMD")
+    return arch
+
+
 def _text(raw: str) -> str:
     return raw
 
@@ -176,6 +189,7 @@ _VARIABLES: dict[str, tuple[str, Callable[[str], Any]]] = {
     "upload_queue": ("KCACHE_UPLOAD_QUEUE", _count(1)),
     "flush_timeout_s": ("KCACHE_FLUSH_TIMEOUT_S", _seconds()),
     "check_target": ("KCACHE_CHECK_TARGET", parse_bool),
+    "gpu_arch": ("KCACHE_GPU_ARCH", parse_gpu_arch),
     "workload": ("KCACHE_WORKLOAD", _text),
     "stats_file": ("KCACHE_STATS_FILE", _text),
     "report": ("KCACHE_REPORT", parse_bool),
@@ -211,10 +225,14 @@ class ClientConfig:
     upload_queue: int = 1024
     flush_timeout_s: float = 5.0
     check_target: bool = True
+    gpu_arch: str | None = None  # read by gpu_arch_override() (without a config); here to be checked
     workload: str | None = None
     stats_file: str | None = None
     report: bool = False
     run_id: str | None = None
+    # Where run_id came from: KCACHE_RUN_ID, or the launcher variable it was derived from
+    # (kcache.host.launchers); None: no run.
+    run_source: str | None = None
     signing_key: str | None = field(default=None, repr=False)  # HMAC secret (see kcache.transport.entry_signing)
     signing_private_key: str | None = field(default=None, repr=False)  # Ed25519: a PEM file, or the key itself
     trusted_keys: str | None = None  # Ed25519 public keys accepted: files and/or keys, comma-separated
@@ -257,24 +275,49 @@ class ClientConfig:
                 raw, where = os.environ.get(var), f"{var}="
             if raw is None or (isinstance(raw, str) and not raw.strip()):
                 continue  # unset, or set to nothing: the default
-            if not isinstance(raw, str):
-                values[name] = raw  # a typed keyword argument
-                continue
+            shown = repr(raw[:40] if isinstance(raw, str) else raw)
+            if not isinstance(raw, str):  # a typed keyword argument: the same parser, the same limits
+                if (text := _typed_text(raw)) is None:
+                    values[name] = raw  # another type (a Path): taken as given
+                    continue
+                raw = text
             try:
                 values[name] = parse(raw)
             except ValueError as exc:  # the parsers of kcache_schemas.units start with the value
-                problems.append(f"{where}{raw[:40]!r}: {str(exc).removeprefix(f'{raw[:40]!r}: ')}")
+                problems.append(f"{where}{shown}: {str(exc).removeprefix(f'{raw[:40]!r}: ')}")
         if problems:
             from kcache.exceptions import (
                 ConfigError,  # brings httpx and pydantic: only when refusing
             )
 
             raise ConfigError("invalid settings: " + "; ".join(problems))
+        from kcache.host.launchers import EXPLICIT, derive_run_id
+
+        if "run_id" in values:
+            values["run_source"] = EXPLICIT
+        elif derived := derive_run_id():  # a job that did not name itself: its launcher's id (CI, SLURM, torchrun, ...)
+            values["run_id"], values["run_source"] = derived
         known = {f.name for f in fields(cls)}
         extra = {k: v for k, v in overrides.items() if v is not None and k not in _VARIABLES}
         if unknown := sorted(set(extra) - known):
             raise TypeError(f"kcache.install() got unknown options: {', '.join(unknown)}")
         return replace(cls(**values), **extra)
+
+
+def _typed_text(value: object) -> str | None:
+    """A bool or number given to ``install()`` as the text its setting's parser reads (so
+    ``upload_queue=0`` is refused as ``KCACHE_UPLOAD_QUEUE=0`` is); None for other types."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return repr(value)  # refused by every parser
+        if value.is_integer():
+            return str(int(value))  # 30.0 seconds, 1e9 bytes
+        return repr(value) if "e" not in repr(value) else format(value, ".17f").rstrip("0")  # 1e-05: 0.00001
+    return None
 
 
 def settings_or_off(**overrides: Any) -> ClientConfig | None:
@@ -300,5 +343,10 @@ def default_local_dir() -> Path:
 
 
 def gpu_arch_override() -> str | None:
-    """``KCACHE_GPU_ARCH`` (``sm_90``, ``90``, ``gfx90a``): the local GPU, without asking torch."""
-    return os.environ.get("KCACHE_GPU_ARCH") or None
+    """``KCACHE_GPU_ARCH`` (``sm_90``, ``90``, ``gfx90a``): the local GPU, without asking torch.
+    A value that does not parse is None here: the settings refused it already (install() raised,
+    or kcache is off in this process)."""
+    try:
+        return parse_gpu_arch(raw) if (raw := os.environ.get("KCACHE_GPU_ARCH", "")).strip() else None
+    except ValueError:
+        return None

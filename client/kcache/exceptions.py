@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import httpx
 from kcache_schemas import ErrorBody, ErrorCode
-from kcache_schemas.errors import STATUS
+from kcache_schemas.error_codes import STATUS
 
 
 class KcacheError(Exception):

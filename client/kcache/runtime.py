@@ -7,6 +7,7 @@ Triton. Misses and errors are counted apart.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import threading
@@ -15,8 +16,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from kcache_schemas import KernelManifest, PackError, Producer, wire
-from kcache_schemas import signature as envelope
-from kcache_schemas.explain import (
+from kcache_schemas import signed_envelope as envelope
+from kcache_schemas.key_diff import (
     WORKLOAD_MISS,
     KeyComponents,
     components_key,
@@ -24,10 +25,10 @@ from kcache_schemas.explain import (
     identity,
     identity_marker,
 )
-from kcache_schemas.signature import SignatureError
+from kcache_schemas.signed_envelope import SignatureError
 
 if TYPE_CHECKING:
-    from kcache_schemas.canary import UnsoundReport
+    from kcache_schemas.unsound_reports import UnsoundReport
 
     from kcache.transport.workload import Prefetcher
 
@@ -174,6 +175,7 @@ class Runtime:
     # ---- kernels --------------------------------------------------------------------------
 
     def note_kernel(self, key: str) -> None:
+        self.compile_activity()
         with self._lock:
             self.used_kernels.add(key)
 
@@ -200,6 +202,7 @@ class Runtime:
         client = self.client
         if client is None or (KERNEL_LAYER, key) in self.quarantined:
             return None
+        self.compile_activity()
         with self.stats.timed(KERNEL_LAYER):
             pack = self._kernel_pack(client, key)
         if pack is not None:
@@ -217,6 +220,7 @@ class Runtime:
         if (KERNEL_LAYER, key) in self.quarantined:
             self.stats.miss(KERNEL_LAYER, "quarantined")
             return None
+        self.compile_activity()
         with self.stats.timed(KERNEL_LAYER):
             pack = self._kernel_pack(client, key)
             if pack is None:
@@ -309,6 +313,7 @@ class Runtime:
         if (layer, key) in self.quarantined:
             self.stats.miss(layer, "quarantined")
             return None
+        self.compile_activity()
         with self.stats.timed(layer):
             refused: SignatureError | None = None
             data: bytes | None = None
@@ -485,12 +490,15 @@ class Runtime:
                 marker = identity_marker(missed.layer, ident, missed.key)
                 self.put_entry(layer, marker, components_key(missed.layer, missed.key).encode(), record=False, now=now)
 
-    def put_entry(self, layer: str, key: str, data: bytes, compile_time_s: float | None = None, now: bool = False,
-                  record: bool = True) -> None:
+    def put_entry(self, layer: str, key: str, data: bytes | Callable[[], bytes], compile_time_s: float | None = None,
+                  now: bool = False, record: bool = True) -> None:
         """Queue an upload (``now``: send it in this thread, for processes killed without exit
-        handlers). Signed first, if signing is configured; a process that only verifies
+        handlers). ``data``: the payload, or how to make it (called once, in the uploader
+        thread: what a layer stores in its own form is encoded off the compile path). Signed
+        there too, if signing is configured; a process that only verifies
         (``KCACHE_TRUSTED_KEYS`` without a private key) uploads no entries. ``record``: list it in
         the workload's manifest (what the next job prefetches)."""
+        self.compile_activity()
         if (layer, key) in self.quarantined:
             return  # the service refuses it, and it would not load anywhere else either
         if record:
@@ -498,23 +506,34 @@ class Runtime:
                 self.used_entries.add((layer, key))
         if self.uploader is None:
             return
-        if self.signing is not None:
-            if self.signing.signer is None and self.signing.problem is None:
-                return
-            try:
-                data = self.signing.seal(layer, key, data)
-            except SigningUnavailable:
-                self.stats.put_error(layer, "signing_unavailable")
-                return
-            except Exception as exc:  # a bug of ours: this entry stays local
-                self.stats.put_error(layer, "signing_failed")
-                warn_once(f"could not sign a {layer} entry", exc)
-                return
-        item = EntryUpload(layer, key, data, compile_time_s)
+        if self.signing is not None and self.signing.signer is None and self.signing.problem is None:
+            return
+        item = EntryUpload(layer, key, functools.partial(self._stored_form, layer, key, data), compile_time_s)
         if now:
             self.uploader.send_now(item)
         else:
             self.uploader.submit(item)
+
+    def _stored_form(self, layer: str, key: str, data: bytes | Callable[[], bytes]) -> bytes | None:
+        """What is uploaded for an entry: the payload, signed if signing is configured; None
+        (counted) when it cannot be signed."""
+        payload = data() if callable(data) else data
+        if self.signing is None:
+            return payload
+        try:
+            return self.signing.seal(layer, key, payload)
+        except SigningUnavailable:
+            self.stats.put_error(layer, "signing_unavailable")
+        except Exception as exc:  # a bug of ours: this entry stays local
+            self.stats.put_error(layer, "signing_failed")
+            warn_once(f"could not sign a {layer} entry", exc)
+        return None
+
+    def compile_activity(self) -> None:
+        """A hook ran on the compile path: background uploads wait for a quiet moment
+        (:mod:`kcache.transport.uploader`)."""
+        if self.uploader is not None:
+            self.uploader.compile_activity()
 
     # ---- lifecycle ------------------------------------------------------------------------
 

@@ -1,5 +1,5 @@
 """kcache wire contract: pydantic models, the kernel pack format, the signed-entry envelope
-(``signature``), and the HTTP wire (``wire``: routes, headers, layer names, the batch-get layout).
+(``signed_envelope``), and the HTTP wire (``wire``: routes, headers, layer names, the batch-get layout).
 
 Shared by the client (``kcache``) and the service (``kcache_server``); depends on nothing of
 ours, and only on pydantic and zstandard from outside (and, to check Ed25519 signatures, on
@@ -7,7 +7,7 @@ ours, and only on pydantic and zstandard from outside (and, to check Ed25519 sig
 
 The names below are loaded on first use: Triton imports kcache's cache manager in every process
 that loads a kernel, and a local hit must not pay for pydantic (~150 ms); ``wire`` and
-``explain``'s plain helpers are enough there.
+``key_diff``'s plain helpers are enough there.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from kcache_schemas import wire
-    from kcache_schemas.errors import ErrorBody, ErrorCode, PackError
+    from kcache_schemas.error_codes import ErrorBody, ErrorCode, PackError
     from kcache_schemas.keys import (
         InvalidKeyError,
         normalize_entry_key,
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from kcache_schemas.pack import PackLimits, build_pack, pack_kernel_dir, read_pack
 
 _HOMES = {
-    "errors": ("ErrorBody", "ErrorCode", "PackError"),
+    "error_codes": ("ErrorBody", "ErrorCode", "PackError"),
     "keys": ("InvalidKeyError", "normalize_entry_key", "normalize_kernel_key", "validate_layer", "validate_namespace",
              "validate_run_id", "validate_workload_name"),
     "models": ("EntryInfo", "EntrySignature", "KernelEntry", "KernelManifest", "KernelTarget", "PackFile", "Producer",

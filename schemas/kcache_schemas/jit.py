@@ -2,7 +2,7 @@
 
 A ``jit`` entry carries native code a builder (Inductor's C++ backend, torch's cpp_extension, ...)
 compiled and the consumer loads into its process. The entry travels opaque (the service never
-reads it) and may be signed (:mod:`kcache_schemas.signature`); this container adds what an
+reads it) and may be signed (:mod:`kcache_schemas.signed_envelope`); this container adds what an
 unsigned entry lacks: every file's size and sha256, checked before a byte is written where the
 builder looks, so a truncated or bit-flipped entry is refused, never installed.
 

@@ -205,7 +205,7 @@ class BatchUrls(_Model):
 
 class Provenance(BaseModel):
     """Where and how a signed entry was made: signed together with the entry (see
-    :mod:`kcache_schemas.signature`). Unlike :class:`Producer` it names the producing host: a
+    :mod:`kcache_schemas.signed_envelope`). Unlike :class:`Producer` it names the producing host: a
     signed entry is meant to be traced back to the machine and the job that made it.
 
     Fields a newer producer adds are ignored, not refused (they are still covered by the
@@ -214,7 +214,7 @@ class Provenance(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
 
     host: str = Field(max_length=255)
-    run_id: str | None = Field(default=None, max_length=128, description="KCACHE_RUN_ID of the producing job")
+    run_id: str | None = Field(default=None, max_length=128, description="run id of the producing job: its KCACHE_RUN_ID, or the id its launcher gave it (CI, SLURM, torchrun, Kubernetes)")
     created_at: datetime
     environment: dict[str, str | None] = Field(default_factory=dict, max_length=16, description="the environment fingerprint: torch, triton, cuda, hip, gpu_arch")
     kcache_version: str = Field(max_length=64)

@@ -33,7 +33,7 @@ from typing import IO
 import zstandard
 from pydantic import ValidationError
 
-from kcache_schemas.errors import ErrorCode, PackError
+from kcache_schemas.error_codes import ErrorCode, PackError
 from kcache_schemas.keys import InvalidKeyError, hex_to_kernel_key, normalize_kernel_key
 from kcache_schemas.models import (
     GROUP_PREFIX,

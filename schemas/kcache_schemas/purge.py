@@ -8,7 +8,7 @@ whose parts match every condition, with its recorded parts. Conditions (``--wher
 * ``<part>=<value>``: a key part or recorded context part by its name, as ``kcache explain``
   shows it (``inductor_config[max_autotune]=True``, ``options[num_warps]=8``);
 * ``torch=``, ``triton=``, ``cuda=``, ``hip=``, ``gpu_arch=``: the environment it was compiled in;
-* ``run=<id>``: the ``KCACHE_RUN_ID`` of the job that compiled it;
+* ``run=<id>``: the run id of the job that compiled it (its ``KCACHE_RUN_ID`` or its launcher's);
 * ``producer_key=<key id>``: the key that signed the stored entry (``kcache inspect --entry``).
 
 Entries stored without recorded parts (by clients older than the parts) are not selected.

@@ -3,7 +3,7 @@
 vLLM's compile cache keeps a compiled model as a tree (``rank_0_0/model`` and the Inductor cache
 vLLM points Inductor at: hundreds of files in nested dirs). kcache stores the tree as one entry,
 so a node installs all of it or none of it. The entry travels opaque (the service never reads
-it) and may be signed (:mod:`kcache_schemas.signature`); this container adds what an unsigned
+it) and may be signed (:mod:`kcache_schemas.signed_envelope`); this container adds what an unsigned
 entry lacks: every file's size and sha256, checked before a byte is written, and path rules that
 keep every file inside the dir it is installed into.
 

@@ -29,7 +29,7 @@ ENTRY_INFO = f"{ENTRY}/info"
 # POST: report that torch could not load the entry (write scope); GET: the report; DELETE: lift it
 # (admin). A quarantined entry answers 404 ``quarantined`` to every node and refuses re-uploads.
 ENTRY_QUARANTINE = f"{ENTRY}/quarantine"
-# Keys the key-soundness canary found unsound (kcache_schemas.canary): GET the namespace's
+# Keys the key-soundness canary found unsound (kcache_schemas.unsound_reports): GET the namespace's
 # reports; PUT (write scope) / GET one report
 UNSOUND_LIST = f"{API}/{{namespace}}/unsound"
 UNSOUND = f"{UNSOUND_LIST}/{{layer}}/{{key}}"
@@ -90,7 +90,7 @@ class CacheLayer(str, enum.Enum):
     # vLLM's compile cache: one entry per compiled model and rank (the AOT ``model`` file with
     # the Inductor cache vLLM points at), a verified tree (kcache_schemas.tree; kcache.layers.vllm_compile_cache).
     VLLM = "vllm"
-    # The named parts of a key this layer's producer computed (kcache_schemas.explain): what
+    # The named parts of a key this layer's producer computed (kcache_schemas.key_diff): what
     # `kcache explain` diffs a missed key against. Never looked up by a compile.
     KEY_COMPONENTS = "key-components"
 

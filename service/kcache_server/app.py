@@ -12,16 +12,15 @@ from kcache_schemas import PackLimits
 from kcache_server import __version__, openapi
 from kcache_server.auth import Authenticator, OpenServerNotice
 from kcache_server.bodies import BodyDeadline
-from kcache_server.budget import MemoryBudget
-from kcache_server.gc import Collector, GcScheduler
 from kcache_server.handlers import install_error_handlers
+from kcache_server.memory_budget import MemoryBudget
 from kcache_server.metrics import instrument
 from kcache_server.routes import (
-    canary,
     docs,
     entries,
     health,
     kernels,
+    key_soundness,
     retention,
     runs,
     ui,
@@ -30,6 +29,7 @@ from kcache_server.routes import (
 from kcache_server.settings import Settings
 from kcache_server.storage import open_blob_store, open_index
 from kcache_server.store import CacheStore
+from kcache_server.store.gc import GcScheduler
 
 log = logging.getLogger("kcache_server")
 
@@ -55,12 +55,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         store = build_store(settings)
         app.state.store = store
-        collector = Collector(store)
-        collector.observers.append(app.state.metrics.record_gc)
-        app.state.gc = collector
+        store.gc.observers.append(app.state.metrics.record_gc)
         # The background GC runs where retention rules exist; every replica and worker runs
         # one, and the index lease lets one work at a time.
-        scheduler = GcScheduler(collector).start() if settings.retention_config.active else None
+        scheduler = GcScheduler(store.gc).start() if settings.retention_config.active else None
         if scheduler is not None:
             store.on_pressure = scheduler.wake
         log.info(
@@ -92,12 +90,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(workloads.router)
     app.include_router(runs.router)
     app.include_router(retention.router)
-    app.include_router(canary.router)
+    app.include_router(key_soundness.router)
     app.include_router(ui.router)
     app.include_router(docs.router)
     app.add_middleware(BodyDeadline, idle_s=settings.body_idle_timeout_s, total_s=settings.body_timeout_s)
     if app.state.auth.open:
         app.add_middleware(OpenServerNotice)
-    instrument(app)  # /metrics, request metrics middleware (outside BodyDeadline), backend error counts
+    instrument(app, settings.metrics_usage_ttl_s)  # /metrics, request metrics middleware (outside BodyDeadline), backend error counts
     openapi.install(app)  # error responses and path rules in /openapi.json
     return app

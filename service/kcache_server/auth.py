@@ -15,7 +15,7 @@ from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Send
 from starlette.types import Scope as AsgiScope
 
-from kcache_server.errors import Forbidden, Unauthorized
+from kcache_server.domain_errors import Forbidden, Unauthorized
 from kcache_server.settings import Scope, TokenGrant
 
 _IMPLIED: dict[str, set[str]] = {"admin": {"admin", "write", "read"}, "write": {"write", "read"}, "read": {"read"}}

@@ -22,7 +22,7 @@ from typing import Any
 import anyio
 from kcache_schemas import ErrorCode
 
-from kcache_server.errors import BodyTimeout
+from kcache_server.domain_errors import BodyTimeout
 from kcache_server.handlers import CLIENT_CLOSED, error_response
 
 log = logging.getLogger("kcache_server.bodies")

@@ -19,19 +19,14 @@ from kcache_schemas import (
 )
 
 from kcache_server.auth import Authenticator, Principal
-from kcache_server.budget import Hold
-from kcache_server.errors import TooLarge
-from kcache_server.gc import Collector
+from kcache_server.domain_errors import TooLarge
+from kcache_server.memory_budget import Hold
 from kcache_server.settings import Settings
 from kcache_server.store import CacheStore
 
 
 async def get_store(request: Request) -> CacheStore:
     return request.app.state.store  # type: ignore[no-any-return]
-
-
-async def get_collector(request: Request) -> Collector:
-    return request.app.state.gc  # type: ignore[no-any-return]
 
 
 async def get_settings(request: Request) -> Settings:
@@ -59,7 +54,6 @@ async def _entry_key(key: str) -> str:
 
 
 StoreDep = Annotated[CacheStore, Depends(get_store)]
-CollectorDep = Annotated[Collector, Depends(get_collector)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 Namespace = Annotated[str, Depends(_namespace)]
 KernelKey = Annotated[str, Depends(_kernel_key)]
@@ -87,7 +81,7 @@ async def read_body(request: Request, limit: int, share: Hold) -> bytes:
     """Read the request body, refusing (413) past ``limit`` bytes without buffering the excess.
 
     Each chunk is taken from the replica's memory budget (``share``) as it arrives, never the
-    declared ``Content-Length`` ahead of its bytes (see :mod:`kcache_server.budget`); a declared
+    declared ``Content-Length`` ahead of its bytes (see :mod:`kcache_server.memory_budget`); a declared
     size that does not fit beside what other requests hold now is refused (503) before any of
     the body is read. Deadlines for the body are :mod:`kcache_server.bodies`'s.
     """

@@ -1,7 +1,7 @@
 """The one mapping from errors to HTTP responses.
 
 Every error leaves as :class:`kcache_schemas.ErrorBody` (``{"error": {"code", "message"}}``) with
-the status ``kcache_schemas.errors.STATUS`` gives its code; no stack traces.
+the status ``kcache_schemas.error_codes.STATUS`` gives its code; no stack traces.
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from kcache_schemas import ErrorBody, ErrorCode, InvalidKeyError, PackError
-from kcache_schemas.errors import STATUS
+from kcache_schemas.error_codes import STATUS
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from kcache_server.errors import InvalidBody, ServiceError
+from kcache_server.domain_errors import InvalidBody, ServiceError
 from kcache_server.storage import BackendUnavailable
 
 log = logging.getLogger("kcache_server")

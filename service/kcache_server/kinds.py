@@ -1,5 +1,5 @@
-"""The kinds of index record, spelled once: what the store, the domain modules and the metrics
-agree on. A record's kind is ``kernel``, ``entry/<layer>``, ``workload/<name>`` (one record per
+"""The kinds of index record, spelled once: what the store's concerns (:mod:`kcache_server.store`)
+and the metrics agree on. A record's kind is ``kernel``, ``entry/<layer>``, ``workload/<name>`` (one record per
 published run), ``run/<run id>`` (one per process report), ``run`` (one marker per run), ``pin``
 (one per pinned workload), ``gc`` (the namespace's last GC report) or ``quarantine/<layer>``
 (one per entry reported unloadable: no blob, never evicted, outlives the entry it names).

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import inspect
 import logging
-import os
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator, MutableMapping
@@ -46,7 +45,7 @@ from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request, Response
 from kcache_schemas import wire
-from kcache_schemas.retention import REASON_ORPHAN, GcReport
+from kcache_schemas.gc_models import REASON_ORPHAN, GcReport
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -84,10 +83,8 @@ def layer_label(layer: str) -> str:
 class StorageCollector(Collector):
     """Entries and bytes per namespace and kind, read from the index at scrape time (cached)."""
 
-    def __init__(self, metrics: Metrics, store_getter: Callable[[], Any], ttl_s: float,
-                 collector_getter: Callable[[], Any] = lambda: None) -> None:
+    def __init__(self, metrics: Metrics, store_getter: Callable[[], Any], ttl_s: float) -> None:
         self._metrics, self._store_getter, self.ttl_s = metrics, store_getter, ttl_s
-        self._collector_getter = collector_getter
         self._lock = threading.Lock()
         self._cached: tuple[float, dict[str, dict[str, KindUsage]]] | None = None
         self._oldest: dict[str, float] = {}
@@ -105,11 +102,10 @@ class StorageCollector(Collector):
             if store is None:
                 return None, {}
             try:
-                usage: dict[str, dict[str, KindUsage]] = store.usage()
-                collector = self._collector_getter()
+                usage: dict[str, dict[str, KindUsage]] = store.records.usage()
                 oldest: dict[str, float] = {}
-                for ns in usage if collector is not None else ():
-                    last = collector.last_report(ns)
+                for ns in usage:
+                    last = store.gc.last_report(ns)
                     if last is not None and last.oldest_used is not None:
                         oldest[ns] = last.oldest_used
             except BackendUnavailable as exc:
@@ -156,11 +152,10 @@ class StorageCollector(Collector):
 class Metrics:
     """Every metric of one app, in its own registry (tests create many apps in one process)."""
 
-    def __init__(self, store_getter: Callable[[], Any] = lambda: None, usage_ttl_s: float = 10.0,
-                 collector_getter: Callable[[], Any] = lambda: None) -> None:
+    def __init__(self, store_getter: Callable[[], Any] = lambda: None, usage_ttl_s: float = 10.0) -> None:
         r = self.registry = CollectorRegistry(auto_describe=True)
         # Registered first, so a backend error met while scraping usage shows in the same scrape.
-        self.storage = StorageCollector(self, store_getter, usage_ttl_s, collector_getter)
+        self.storage = StorageCollector(self, store_getter, usage_ttl_s)
         r.register(self.storage)
         self.requests = Counter("kcache_http_requests", "HTTP requests by route template, method and status", ["route", "method", "status"], registry=r)
         self.duration = Histogram("kcache_http_request_duration_seconds", "HTTP request latency until the last body byte, by route template and method", ["route", "method"], buckets=_BUCKETS, registry=r)
@@ -286,15 +281,11 @@ class MetricsMiddleware:
             m.unsound.labels(layer_label(str(scope.get("path_params", {}).get("layer", "")))).inc()
 
 
-def instrument(app: FastAPI, usage_ttl_s: float | None = None) -> Metrics:
+def instrument(app: FastAPI, usage_ttl_s: float) -> Metrics:
     """Give ``app`` its metrics: the registry, the middleware, ``/metrics``, and a counting wrapper
-    around the ``BackendUnavailable`` handler (call after the error handlers are installed)."""
-    if usage_ttl_s is None:
-        try:
-            usage_ttl_s = float(os.environ.get("KCACHE_METRICS_USAGE_TTL_S", "10"))
-        except ValueError:
-            usage_ttl_s = 10.0
-    metrics = Metrics(lambda: getattr(app.state, "store", None), usage_ttl_s, lambda: getattr(app.state, "gc", None))
+    around the ``BackendUnavailable`` handler (call after the error handlers are installed).
+    ``usage_ttl_s``: how long a scrape's storage usage is reused (``KCACHE_METRICS_USAGE_TTL_S``)."""
+    metrics = Metrics(lambda: getattr(app.state, "store", None), usage_ttl_s)
     app.state.metrics = metrics
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     original = app.exception_handlers.get(BackendUnavailable)

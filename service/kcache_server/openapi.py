@@ -27,7 +27,6 @@ from typing import Any
 
 from fastapi import FastAPI
 from kcache_schemas import ErrorBody, wire
-from kcache_schemas.canary import UnsoundReport
 from kcache_schemas.keys import (
     ENTRY_KEY_PATTERN,
     KERNEL_KEY_PATTERN,
@@ -38,7 +37,8 @@ from kcache_schemas.keys import (
 )
 from kcache_schemas.models import FILENAME_PATTERN
 from kcache_schemas.pack import MEDIA_TYPE
-from kcache_schemas.stats import RunStatsReport
+from kcache_schemas.stats_document import RunStatsReport
+from kcache_schemas.unsound_reports import UnsoundReport
 
 _ERROR_REF = {"$ref": "#/components/schemas/ErrorBody"}
 _DESCRIPTIONS = {

@@ -7,12 +7,14 @@ import json
 import os
 from functools import cached_property
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from kcache_schemas import validate_namespace
-from kcache_schemas.signature import TrustedKeys, parse_public_key
+from kcache_schemas.signed_envelope import TrustedKeys, parse_public_key
+from kcache_schemas.units import parse_duration
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     Field,
     RootModel,
     SecretStr,
@@ -22,13 +24,27 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from kcache_server.retention import ByteSize, Duration, RetentionConfig, parse_retention
+from kcache_server.retention_rules import ByteSize, Duration, RetentionConfig, parse_retention
+
+# uvicorn's levels, in either case (the Helm chart's schema takes both).
+LogLevel = Annotated[Literal["trace", "debug", "info", "warning", "error", "critical"],
+                     BeforeValidator(lambda v: v.strip().lower() if isinstance(v, str) else v)]
 
 ENV_PREFIX = "KCACHE_"
 
 Scope = Literal["read", "write", "admin"]
 # Tokens anyone could guess are refused outright, like the full-stack template's "changethis".
 _WEAK_TOKENS = {"changeme", "changethis", "secret", "password", "token", "kcache"}
+
+
+def _whole_seconds(value: object) -> object:
+    """A duration in the one grammar (``300``, ``5m``) as whole seconds (S3 presigns in seconds)."""
+    if not isinstance(value, (str, int, float)):
+        return value
+    seconds = parse_duration(value)
+    if seconds != int(seconds):
+        raise ValueError(f"{value!r}: a whole number of seconds is needed (e.g. 300 or 5m)")
+    return int(seconds)
 
 
 def default_data_dir() -> Path:
@@ -75,15 +91,15 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore")
 
     host: str = "127.0.0.1"
-    port: int = 8765
-    workers: int = 1
+    port: int = Field(default=8765, ge=1, le=65535)
+    workers: int = Field(default=1, ge=1)
     data_dir: Path = Field(default_factory=default_data_dir)
     blob_url: str | None = None
     index_url: str | None = None
     tokens_file: Path | None = None
     tokens: str | None = Field(default=None, description="JSON list of token grants")
     # Per namespace, the Ed25519 public keys whose signatures it requires on entry uploads
-    # (kcache_server.signatures); a JSON object {namespace or "*": [public key, ...]}.
+    # (kcache_server.producer_keys); a JSON object {namespace or "*": [public key, ...]}.
     producer_keys_file: Path | None = None
     producer_keys: str | None = Field(default=None, description="JSON object: namespace -> public keys")
     max_pack_bytes: ByteSize = 64 << 20
@@ -92,7 +108,7 @@ class Settings(BaseSettings):
     max_unpacked_bytes: ByteSize = 64 << 20
     max_entry_bytes: ByteSize = 256 << 20
     # Bytes one replica (worker process) lets heavy requests hold at once: bodies being received,
-    # packs being verified or opened (kcache_server.budget). Beyond it: 503 + Retry-After. 0: no
+    # packs being verified or opened (kcache_server.memory_budget). Beyond it: 503 + Retry-After. 0: no
     # cap. 4 workers x (256 MiB + ~85 MiB idle) fit the Helm chart's default 2 GiB limit.
     memory_budget_bytes: ByteSize = 256 << 20
     # A request body must keep arriving (at most this long between parts) and be complete this
@@ -101,14 +117,16 @@ class Settings(BaseSettings):
     body_timeout_s: Duration = 120.0
     backend_timeout_s: Duration = 5.0
     presigned_downloads: bool = False
-    presign_expires_s: int = Field(default=300, ge=1)
+    presign_expires_s: Annotated[int, BeforeValidator(_whole_seconds)] = Field(default=300, ge=1)
     s3_endpoint_url: str | None = None
     access_flush_s: Duration = 2.0
-    log_level: str = "info"
+    # How long /metrics reuses the storage usage it read from the index (kcache_server.metrics).
+    metrics_usage_ttl_s: Duration = 10.0
+    log_level: LogLevel = "info"
     # One INFO line per kernel pack or entry handed out, with its key (kcache_server.downloads):
     # per-key download counts, e.g. to prove the processes of a node fetch each artifact once.
     download_log: bool = False
-    retention: str | None = Field(default=None, description="JSON retention rules (see kcache_server.retention)")
+    retention: str | None = Field(default=None, description="JSON retention rules (see kcache_server.retention_rules)")
     retention_file: Path | None = None
 
     @property

@@ -24,9 +24,9 @@ from kcache.config import ClientConfig
 from kcache.exceptions import ConfigError, KcacheError, NotFound, Quarantined, ServiceUnavailable
 
 if TYPE_CHECKING:
+    from kcache_schemas.gc_models import GcReport
     from kcache_schemas.models import EntryInfo, QuarantineInfo
     from kcache_schemas.purge import PurgeReport
-    from kcache_schemas.retention import GcReport
 
     from kcache.transport.http import KcacheClient
 
@@ -388,8 +388,8 @@ def _inspect_entry(args: argparse.Namespace) -> int:
     """An entry's metadata, who signed it with what provenance, and whether this machine's
     signing settings accept it (exit 1 if they refuse it)."""
     from kcache_schemas import InvalidKeyError, normalize_entry_key, validate_layer
-    from kcache_schemas import signature as envelope
-    from kcache_schemas.signature import SignatureError
+    from kcache_schemas import signed_envelope as envelope
+    from kcache_schemas.signed_envelope import SignatureError
 
     from kcache.transport.entry_signing import LEGACY_HMAC_MAGIC, EntrySigning
 
@@ -518,7 +518,7 @@ def _gc(args: argparse.Namespace) -> int:
     the prompt when stdin is a terminal; ``--dry-run`` only shows it (huggingface_hub's
     scan -> plan -> dry-run -> execute)."""
     from kcache_schemas import wire
-    from kcache_schemas.retention import GcReport, GcRequest
+    from kcache_schemas.gc_models import GcReport, GcRequest
     from pydantic import ValidationError
 
     try:
@@ -639,7 +639,7 @@ def format_gc_report(r: GcReport) -> str:
     """The plan (what, how many bytes, why) and what was done, for people."""
     from datetime import datetime
 
-    from kcache_schemas.retention import REASON_BUDGET, REASON_ENV, REASON_TTL
+    from kcache_schemas.gc_models import REASON_BUDGET, REASON_ENV, REASON_TTL
     from kcache_schemas.units import format_bytes as size
     from kcache_schemas.units import format_duration as ago
 
@@ -693,7 +693,7 @@ def format_gc_report(r: GcReport) -> str:
 def _pin(args: argparse.Namespace) -> int:
     """Pin a workload (its kernels and entries are never evicted); without a name, list pins."""
     from kcache_schemas import wire
-    from kcache_schemas.retention import Pin, PinList
+    from kcache_schemas.gc_models import Pin, PinList
 
     client = _client(args)
     ns = client.config.namespace
@@ -1068,8 +1068,8 @@ def build_parser() -> argparse.ArgumentParser:
     purge.set_defaults(func=_purge)
 
     stats = remote(sub.add_parser("stats", help="cache-hit statistics: this machine's, a stats file's or a run's; gate CI with --fail-under"))
-    stats.add_argument("--file", help="stats file or dir written via KCACHE_STATS_FILE (default: $KCACHE_STATS_FILE, else $KCACHE_RUN_ID's run, else this machine's: every process since --zero)")
-    stats.add_argument("--run", metavar="ID", help="a run on the service (KCACHE_RUN_ID of its processes)")
+    stats.add_argument("--file", help="stats file or dir written via KCACHE_STATS_FILE (default: $KCACHE_STATS_FILE, else this job's run: $KCACHE_RUN_ID or its launcher's id (CI, SLURM, torchrun: kcache doctor shows it), else this machine's: every process since --zero)")
+    stats.add_argument("--run", metavar="ID", help="a run on the service (KCACHE_RUN_ID of its processes, or the id derived from their launcher: gh-..., slurm-..., torchrun-...)")
     stats.add_argument("--format", choices=("text", "json", "markdown", "junit"), default="text",
                        help="text (default), json, markdown (a CI step summary) or junit (a CI test report)")
     stats.add_argument("--fail-under", type=hit_rate_bar, metavar="RATE", help="exit 2 if the hit rate is below RATE: 80%%, 80 or 0.8 (a number below 1 is a fraction)")

@@ -122,7 +122,7 @@ def settings_checks(c: Checkup, config: ClientConfig, url: str | None, token: st
     if config.workload:
         c.row("workload", f"{config.workload} (KCACHE_WORKLOAD: recorded and prefetched)")
     if config.stats_file or config.run_id:
-        c.row("stats", ", ".join(x for x in (f"file {config.stats_file}" if config.stats_file else "", f"run {config.run_id}" if config.run_id else "") if x))
+        c.row("stats", ", ".join(x for x in (f"file {config.stats_file}" if config.stats_file else "", f"run {config.run_id} (from {config.run_source or 'KCACHE_RUN_ID'})" if config.run_id else "") if x))
 
 
 def signing_checks(c: Checkup, config: ClientConfig) -> None:

@@ -22,7 +22,7 @@ with the entry it would have been served:
 Agreement is counted (``audited`` in the stats' post-install checks). A difference means the key
 is unsound: the node keeps its own output (Inductor and Triton use what they just compiled), and
 :meth:`kcache.runtime.Runtime.quarantine` takes the entry out of service for every node, with an
-:class:`~kcache_schemas.canary.UnsoundReport`: what differed, both compiles' recorded key parts,
+:class:`~kcache_schemas.unsound_reports.UnsoundReport`: what differed, both compiles' recorded key parts,
 context and environments, and the suspects (``kcache explain --key KEY``).
 
 What it cannot catch: output that is not a function of the key's inputs on any node (autotuning
@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kcache_schemas import wire
-from kcache_schemas.explain import graph_key
+from kcache_schemas.key_diff import graph_key
 
 from kcache.current import get_runtime
 from kcache.host.failopen import warn_once
@@ -197,7 +197,7 @@ def fx_compiled(service_key: str, data: bytes) -> bool:
     if own == served.source:
         rt.stats.verify("audited", "fx-graph: same generated code")
         return True
-    from kcache_schemas.explain import parse_debug_lines
+    from kcache_schemas.key_diff import parse_debug_lines
 
     from kcache.layers import key_context
 
@@ -275,7 +275,7 @@ def kernel_compiled(rt: Runtime, key: str, kernel_dir: Path) -> bool:
     if served_text == own_text:
         rt.stats.verify("audited", "kernel: same IR and binaries")
         return True
-    from kcache_schemas.explain import from_parts
+    from kcache_schemas.key_diff import from_parts
 
     from kcache.layers import key_context
     from kcache.layers.triton import kernel_key_parts
@@ -308,8 +308,8 @@ def _report(
     served: dict[str, str], own: dict[str, str], components: dict[str, Any], context: dict[str, tuple[str, str]],
 ) -> None:
     """The key is unsound: quarantine the entry for everyone, with both sides' recorded inputs."""
-    from kcache_schemas.canary import MAX_DIFF_LINES, UnsoundReport, suspects, unified_diff
-    from kcache_schemas.explain import KeyComponents, from_parts
+    from kcache_schemas.key_diff import KeyComponents, from_parts
+    from kcache_schemas.unsound_reports import MAX_DIFF_LINES, UnsoundReport, suspects, unified_diff
 
     differing = sorted((n for n in served.keys() | own.keys() if served.get(n) != own.get(n)), key=_reading_order)
     lines: list[str] = []

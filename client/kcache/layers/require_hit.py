@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 
 from kcache_schemas import wire
-from kcache_schemas.explain import KeyComponents, graph_key
+from kcache_schemas.key_diff import KeyComponents, graph_key
 
 from kcache.current import get_runtime
 from kcache.host.failopen import guard, warn_once

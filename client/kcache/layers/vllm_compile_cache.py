@@ -65,7 +65,7 @@ from typing import Any
 
 from kcache_schemas import tree as trees
 from kcache_schemas import wire
-from kcache_schemas.explain import KeyComponents, from_parts
+from kcache_schemas.key_diff import KeyComponents, from_parts
 
 from kcache.config import ClientConfig, selected_layers
 from kcache.current import get_runtime

@@ -5,7 +5,7 @@ workload recorded only under other environments is explained by the fingerprint 
 differ (torch, triton, CUDA, GPU arch). A job without a workload (only ``KCACHE_URL`` set), or
 one whose workload stored nothing comparable, is compared namespace-wide with the recorded keys
 of the same computation: the keys whose identity parts (the graph and its inputs; a kernel's
-function and signature, :data:`kcache_schemas.explain.IDENTITY_PARTS`) are the same, found by
+function and signature, :data:`kcache_schemas.key_diff.IDENTITY_PARTS`) are the same, found by
 one listing of their identity markers, at most ``MAX_IDENTITY_CANDIDATES`` of them read. Key
 parts come from the ``key-components`` layer (see :mod:`kcache.layers.inductor.key_components`). A key a
 canary found unsound (:mod:`kcache.layers.key_canary`) is explained by its report: what differed in the
@@ -18,10 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from itertools import islice
 
-from kcache_schemas import signature as envelope
+from kcache_schemas import signed_envelope as envelope
 from kcache_schemas import wire
-from kcache_schemas.canary import UnsoundReport
-from kcache_schemas.explain import (
+from kcache_schemas.key_diff import (
     WORKLOAD_MISS,
     Change,
     KeyComponents,
@@ -35,6 +34,7 @@ from kcache_schemas.explain import (
     nearest_fingerprint,
 )
 from kcache_schemas.models import EnvFingerprint, WorkloadView
+from kcache_schemas.unsound_reports import UnsoundReport
 
 from kcache.exceptions import KcacheError, NotFound
 from kcache.transport.http import KcacheClient

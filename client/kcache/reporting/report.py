@@ -1,7 +1,7 @@
 """Cache-hit reports: the one-line summary at exit, ``kcache stats`` (text, JSON, Markdown, JUnit),
 ``--fail-under``, and sending a process's stats to its run on the service at exit.
 
-Everything here reads a :class:`kcache_schemas.stats.StatsDocument`: a local one from
+Everything here reads a :class:`kcache_schemas.stats_document.StatsDocument`: a local one from
 ``KCACHE_STATS_FILE`` or a run on the service (``wire.RUN``), whose aggregate converts to one.
 Hit rate is ``hits / (hits + misses + errors)``: errors count against it and are always shown on
 their own, never folded into misses.
@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from xml.etree import ElementTree as ET
 
 from kcache_schemas import wire
-from kcache_schemas.stats import (
+from kcache_schemas.stats_document import (
     LayerCounts,
     RunAggregate,
     RunStatsReport,
@@ -33,6 +33,7 @@ from kcache_schemas.units import format_bytes
 
 from kcache import __version__
 from kcache.host.failopen import warn_once
+from kcache.host.launchers import EXPLICIT
 from kcache.store.counters import Stats, load_stats, write_stats
 
 if TYPE_CHECKING:
@@ -81,11 +82,14 @@ def under_bar(rate: float | None, bar: float | None) -> bool:
 
 
 def describe(doc: StatsDocument) -> str:
-    """"run ci-42 (workload bert, namespace default), 8 processes" or "3 processes"."""
+    """"run ci-42 (workload bert, namespace default), 8 processes", "run gh-7-1-test (from
+    GITHUB_RUN_ID, namespace default), 2 processes" or "3 processes"."""
     parts = []
+    extra = []
     if doc.run_id:
         parts.append(f"run {doc.run_id}")
-    extra = []
+        if doc.run_source and doc.run_source != EXPLICIT:  # the launcher's id: say which
+            extra.append(f"from {doc.run_source}")
     if doc.workload:
         extra.append(f"workload {doc.workload}")
     elif doc.workloads:
@@ -318,7 +322,7 @@ def format_junit(doc: StatsDocument, fail_under: float | None = None) -> str:
         skipped=str(skipped), time=f"{t.seconds:.3f}", timestamp=when.strftime("%Y-%m-%dT%H:%M:%S"),
     )
     props = ET.SubElement(suite, "properties")
-    for key in ("run_id", "namespace", "workload", "processes"):
+    for key in ("run_id", "run_source", "namespace", "workload", "processes"):
         if getattr(doc, key) is not None:
             ET.SubElement(props, "property", name=key, value=str(getattr(doc, key)))
     if fail_under is not None:
@@ -349,8 +353,9 @@ def machine_stats_path(cfg: ClientConfig) -> Path:
 
 def at_exit(cfg: ClientConfig, stats: Stats, service_down: bool = False) -> None:
     """Called when a runtime has closed: merge the process's stats into this machine's, write
-    ``KCACHE_STATS_FILE``, print the summary line (``KCACHE_REPORT=1``), send the stats to
-    ``KCACHE_RUN_ID`` on the service (not when the service is known to be down). Never raises."""
+    ``KCACHE_STATS_FILE``, print the summary line (``KCACHE_REPORT=1``), send the stats to the
+    run on the service (``KCACHE_RUN_ID``, else the launcher's: :mod:`kcache.host.launchers`; not when
+    the service is known to be down). Never raises."""
     if not stats.snapshot() and not stats.document().verification:
         # A process that did no cache work (an idle compile worker, a runtime replaced before
         # use) reports nothing: it would only add noise lines and inflate the process count.
@@ -361,7 +366,8 @@ def at_exit(cfg: ClientConfig, stats: Stats, service_down: bool = False) -> None
         from kcache.store.fingerprint import current
 
         stats.set_phases(torch_phases())
-        doc = stats.document(run_id=cfg.run_id, workload=cfg.workload, namespace=cfg.namespace, environment=current())
+        doc = stats.document(run_id=cfg.run_id, run_source=cfg.run_source, workload=cfg.workload,
+                             namespace=cfg.namespace, environment=current())
     except Exception as exc:
         warn_once("could not collect stats at exit", exc)
         return
@@ -381,7 +387,15 @@ def at_exit(cfg: ClientConfig, stats: Stats, service_down: bool = False) -> None
         try:
             send_run_stats(cfg, doc, service_down)
         except Exception as exc:
-            warn_once(f"could not send stats for run {cfg.run_id}", exc)
+            if _derived(cfg):  # not asked for: a read-only token (403) or a busy service is no news
+                log.debug("kcache: stats for run %s (from %s) not sent: %s", cfg.run_id, cfg.run_source, exc)
+            else:
+                warn_once(f"could not send stats for run {cfg.run_id}", exc)
+
+
+def _derived(cfg: ClientConfig) -> bool:
+    """Whether the run id is the launcher's (the job did not ask for run stats by name)."""
+    return cfg.run_source is not None and cfg.run_source != EXPLICIT
 
 
 def run_report(doc: StatsDocument, report_id: str | None = None) -> RunStatsReport:
@@ -391,6 +405,7 @@ def run_report(doc: StatsDocument, report_id: str | None = None) -> RunStatsRepo
         host=(doc.host or "")[:255],
         pid=doc.pid or 0,
         workload=doc.workload,
+        run_source=doc.run_source,
         kcache_version=__version__,
         started_at=doc.started_at or 0.0,
         ended_at=doc.ended_at or 0.0,
@@ -409,7 +424,8 @@ def send_run_stats(cfg: ClientConfig, doc: StatsDocument, service_down: bool = F
     if not cfg.run_id or not cfg.url:
         return False
     if service_down:
-        warn_once(f"service unreachable; stats for run {cfg.run_id} not sent")
+        if not _derived(cfg):
+            warn_once(f"service unreachable; stats for run {cfg.run_id} not sent")
         return False
     short = replace(
         cfg, connect_timeout_s=min(cfg.connect_timeout_s, 0.5), read_timeout_s=min(cfg.read_timeout_s, SEND_TIMEOUT_S),
@@ -472,7 +488,10 @@ def stats_command(args: argparse.Namespace) -> int:
     if args.zero:
         return _zero(machine, given=bool(args.file or args.run))
     source_file = args.file or (None if args.run else env.stats_file)
-    run_id = args.run or (None if source_file else env.run_id)
+    # A run id of the launcher's (a CI job, a SLURM job) is this job's run, on the service where
+    # its processes sent it; without a service to ask, this machine's stats.
+    own_run = env.run_id if env.url or args.url or not _derived(env) else None
+    run_id = args.run or (None if source_file else own_run)
     try:
         if source_file:
             doc = load_stats(source_file)
@@ -490,7 +509,11 @@ def stats_command(args: argparse.Namespace) -> int:
         print(f"kcache stats: {exc}", file=sys.stderr)
         return 1
     except NotFound:
-        print(f"kcache stats: no run {run_id!r} on the service (did its processes set KCACHE_RUN_ID?)", file=sys.stderr)
+        if args.run or not _derived(env):
+            why = "did its processes set KCACHE_RUN_ID?"
+        else:
+            why = f"this job's id, from {env.run_source}: no process of it has reported yet (none did cache work?)"
+        print(f"kcache stats: no run {run_id!r} on the service ({why})", file=sys.stderr)
         return 1
     text = render(doc, args.format, args.fail_under)
     if args.output:

@@ -4,14 +4,14 @@ Dynamo, AOTAutograd and Inductor time their phases with ``dynamo_timed``, which 
 duration to ``torch._dynamo.utils.compilation_time_metrics`` (name -> list of seconds; the names
 differ between torch versions). kcache reads that table once at exit, only if torch imported it
 (never importing anything itself), and keeps the totals in the stats document, where
-``kcache stats`` and the dashboard group them (``kcache_schemas.stats.PHASE_GROUPS``): the
+``kcache stats`` and the dashboard group them (``kcache_schemas.stats_document.PHASE_GROUPS``): the
 largest ones the document holds (a process that loads a Dynamo package and then traces again
 runs more than 64 distinct timers; the document refused them all, and the process wrote no stats).
 """
 
 from __future__ import annotations
 
-from kcache_schemas.stats import sum_phases
+from kcache_schemas.stats_document import sum_phases
 
 from kcache.host.after_import import imported
 from kcache.host.failopen import guard

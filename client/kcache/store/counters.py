@@ -3,7 +3,7 @@ time spent in kcache, and compile time saved.
 
 Errors are counted apart from misses everywhere: a service that is down must show up as errors,
 not as a cold cache (bazel-remote #649, sccache #2820). The model and the arithmetic (hit rate,
-merging) are the schemas' (:mod:`kcache_schemas.stats`), shared with the reports and the
+merging) are the schemas' (:mod:`kcache_schemas.stats_document`), shared with the reports and the
 service's runs; this module counts, and reads and writes ``KCACHE_STATS_FILE``.
 
 At exit a process's counters become a :class:`StatsDocument` written to ``KCACHE_STATS_FILE``.
@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kcache_schemas.explain import MAX_MISS_RECORDS, MissRecord
-from kcache_schemas.stats import LayerCounts, StatsDocument
+from kcache_schemas.key_diff import MAX_MISS_RECORDS, MissRecord
+from kcache_schemas.stats_document import LayerCounts, StatsDocument
 from pydantic import ValidationError
 
 DIR_FILE_PREFIX = "kcache-stats-"

@@ -40,6 +40,13 @@ def encode(inductor_json: bytes) -> bytes | None:
     return b"".join((MAGIC, len(header).to_bytes(_HEADER_LEN, "big"), header, payload))
 
 
+
+def stored_form(inductor_json: bytes) -> bytes:
+    """What kcache stores for one of Inductor's JSON entries: the envelope, or the JSON as it came
+    where it is not the expected shape (read back the same way)."""
+    return encode(inductor_json) or inductor_json
+
+
 def decode(stored: bytes) -> tuple[dict[str, Any], bytes] | None:
     """``(other fields, pickle)`` of an envelope; None for plain JSON. Raises ValueError if the
     envelope is damaged."""

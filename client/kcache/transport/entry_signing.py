@@ -2,7 +2,7 @@
 
 FX-graph, AOTAutograd and autotune entries carry pickles, ``triton-module`` entries shared
 objects: using one runs its producer's code. With signing configured, producers wrap each entry
-in the schemas' envelope (:mod:`kcache_schemas.signature`: scheme, key id, layer, key, payload
+in the schemas' envelope (:mod:`kcache_schemas.signed_envelope`: scheme, key id, layer, key, payload
 hash and a :class:`~kcache_schemas.models.Provenance`: host, ``KCACHE_RUN_ID``, time,
 environment fingerprint, kcache version), and consumers refuse, as a counted error and before
 Inductor or Triton see a byte, anything unsigned or signed by a key they do not trust.
@@ -34,9 +34,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kcache_schemas import signature as envelope
+from kcache_schemas import signed_envelope as envelope
 from kcache_schemas.models import Provenance, SignatureAlg
-from kcache_schemas.signature import SignatureError, SignatureHeader, TrustedKeys
+from kcache_schemas.signed_envelope import SignatureError, SignatureHeader, TrustedKeys
 
 from kcache import __version__
 
@@ -107,7 +107,7 @@ class EntrySigning:
 
     def open(self, layer: str, key: str, stored: bytes) -> bytes:
         """The payload of an entry a trusted key signed for ``layer``/``key``; else
-        :class:`~kcache_schemas.signature.SignatureError`."""
+        :class:`~kcache_schemas.signed_envelope.SignatureError`."""
         if self.problem is not None:
             raise SignatureError("unavailable", self.problem)
         if self.legacy_secret is not None and stored.startswith(LEGACY_HMAC_MAGIC):

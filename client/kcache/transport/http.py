@@ -27,10 +27,10 @@ from kcache_schemas import (
     normalize_kernel_key,
     wire,
 )
-from kcache_schemas.canary import UnsoundReport
-from kcache_schemas.errors import STATUS
+from kcache_schemas.error_codes import STATUS
 from kcache_schemas.models import BatchUrls, EntryList, WorkloadView
 from kcache_schemas.pack import DEFAULT_LIMITS, MEDIA_TYPE
+from kcache_schemas.unsound_reports import UnsoundReport
 
 from kcache import __version__
 from kcache.config import ClientConfig

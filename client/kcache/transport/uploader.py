@@ -1,9 +1,19 @@
 """Background uploads: never on the compile path.
 
-A bounded queue feeds one daemon thread. Kernels are checked with one ``kernels:missing`` call per
-batch so only what the service lacks is packed (zstd, off the compile thread) and sent. When the
-queue is full new work is dropped and counted rather than blocking a compile. At exit, ``flush``
-waits at most ``flush_timeout_s``.
+A bounded queue feeds one daemon thread. Everything an upload costs happens in that thread: a
+kernel dir is read, hashed and packed (zstd) there, an entry's stored form made there (Inductor's
+JSON turned into kcache's envelope, the signature); the compile path only queues. Kernels are
+checked with one ``kernels:missing`` call per batch so only what the service lacks is packed and
+sent. When the queue is full new work is dropped and counted rather than blocking a compile.
+
+**Quiet moments.** The thread is still Python: it takes the GIL (and a core) from the compile it
+would overlap, and the service it feeds is the one that answers the compile's lookups (a populating
+max-autotune node spent 47 ms per kernel miss with uploads alongside; bench/populate_overhead.py:
+kcache's lookup time halved when they waited). So it sends only once the compile path has been
+quiet for ``QUIET_S`` (kcache's hooks mark it busy:
+:meth:`Uploader.compile_activity`), unless the queue is half full; a ``flush`` (at exit) sends at
+once, everything left, whatever the compile path does. At exit, ``flush`` waits at most
+``flush_timeout_s``.
 """
 
 from __future__ import annotations
@@ -20,6 +30,7 @@ from kcache_schemas import PackError, Producer, wire
 from kcache_schemas.pack import build_pack, manifest_for_files, read_kernel_dir
 
 from kcache.exceptions import Conflict, KcacheError
+from kcache.host.failopen import warn_once
 from kcache.store.counters import Stats
 from kcache.transport.http import KcacheClient
 
@@ -27,6 +38,8 @@ log = logging.getLogger("kcache.transport.uploader")
 _BATCH = 64
 _KERNEL = wire.CacheLayer.KERNEL.value
 _POLL_S = 0.02
+# The compile path counts as busy this long after kcache's last hook ran on it.
+QUIET_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -47,9 +60,12 @@ class KernelDirUpload:
 
 @dataclass(frozen=True)
 class EntryUpload:
+    """``payload()`` makes the stored bytes (encoding, signature) in the thread that sends them,
+    once; None: not to be sent (the maker counted why)."""
+
     layer: str
     key: str
-    data: bytes
+    payload: Callable[[], bytes | None]
     compile_time_s: float | None
 
 
@@ -60,6 +76,10 @@ class Uploader:
         self._seen: set[tuple[str, str]] = set()
         self._seen_lock = threading.Lock()
         self._on_uploaded = on_uploaded
+        self._last_activity = 0.0  # monotonic time of the compile path's last kcache hook
+        self._urgent = max(1, maxsize // 2)  # this many queued: send without waiting for quiet
+        self._flushing = 0  # flush() calls waiting: send everything now
+        self._wake = threading.Condition()
         self._thread = threading.Thread(target=self._run, name="kcache-uploader", daemon=True)
         self._thread.start()
 
@@ -70,6 +90,22 @@ class Uploader:
                 return False  # already queued or sent by this process
             self._seen.add(ident)
             return True
+
+    def compile_activity(self) -> None:
+        """The compile path ran a kcache hook: uploads wait until it has been quiet for ``QUIET_S``.
+        One float stored (atomic under the GIL): cheap enough for every hook."""
+        self._last_activity = time.monotonic()
+
+    def _wait_for_quiet(self) -> None:
+        """Return once the compile path has been quiet for ``QUIET_S``, the queue is half full,
+        or a flush asks for everything."""
+        while not self._flushing and self._queue.qsize() < self._urgent:
+            quiet_for = time.monotonic() - self._last_activity
+            if quiet_for >= QUIET_S:
+                return
+            with self._wake:
+                if not self._flushing:
+                    self._wake.wait(QUIET_S - quiet_for)
 
     def send_now(self, item: KernelUpload | KernelDirUpload | EntryUpload) -> None:
         """Upload in the calling thread, for processes that may be killed without running exit
@@ -111,17 +147,26 @@ class Uploader:
         """Wait until everything queued is sent (True), or ``timeout_s`` passes or ``give_up()``
         says waiting cannot help (False). ``give_up`` is polled every few milliseconds."""
         deadline = time.monotonic() + timeout_s
-        with self._queue.all_tasks_done:
-            while self._queue.unfinished_tasks:
-                left = deadline - time.monotonic()
-                if left <= 0 or (give_up is not None and give_up()):
-                    return False
-                self._queue.all_tasks_done.wait(min(left, _POLL_S))
-        return True
+        with self._wake:
+            self._flushing += 1
+            self._wake.notify_all()
+        try:
+            with self._queue.all_tasks_done:
+                while self._queue.unfinished_tasks:
+                    left = deadline - time.monotonic()
+                    if left <= 0 or (give_up is not None and give_up()):
+                        return False
+                    self._queue.all_tasks_done.wait(min(left, _POLL_S))
+            return True
+        finally:
+            with self._wake:
+                self._flushing -= 1
 
     def _run(self) -> None:
         while True:
-            batch = [self._queue.get()]
+            first = self._queue.get()
+            self._wait_for_quiet()
+            batch = [first]
             while len(batch) < _BATCH:
                 try:
                     batch.append(self._queue.get_nowait())
@@ -151,8 +196,16 @@ class Uploader:
             self._put_kernel(k)
         for e in entries:
             try:
-                self._client.put_entry(e.layer, e.key, e.data, e.compile_time_s)
-                self._stats.put(e.layer, len(e.data))
+                data = e.payload()
+            except Exception as exc:  # a bug of ours: this entry stays local
+                self._stats.put_error(e.layer, "encode_failed")
+                warn_once(f"could not make a {e.layer} entry to upload", exc)
+                continue
+            if data is None:
+                continue
+            try:
+                self._client.put_entry(e.layer, e.key, data, e.compile_time_s)
+                self._stats.put(e.layer, len(data))
             except Conflict:
                 pass  # write-once: someone stored this key first; theirs stands
             except KcacheError as exc:

@@ -14,7 +14,7 @@ from fastapi import APIRouter, Request
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import FileResponse, HTMLResponse, Response
 
-from kcache_server.errors import NotFound
+from kcache_server.domain_errors import NotFound
 
 router = APIRouter(tags=["docs"], include_in_schema=False)
 

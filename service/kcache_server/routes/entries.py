@@ -1,7 +1,7 @@
 """Opaque Inductor remote-cache entries: ``/v1/{namespace}/entries/{layer}/{key}``.
 
 Bytes in, bytes out. The service never deserialises them (FX-graph entries carry pickles); in a
-namespace with registered producer keys it checks their signature (:mod:`kcache_server.signatures`).
+namespace with registered producer keys it checks their signature (:mod:`kcache_server.producer_keys`).
 A client that hands torch an entry torch cannot load reports it (``.../quarantine``): the entry
 then answers 404 ``quarantined`` to every node and its key takes no upload until an admin lifts it.
 """
@@ -28,8 +28,8 @@ from kcache_server.deps import (
     StoreDep,
     read_body,
 )
+from kcache_server.producer_keys import admit_entry, registered_keys, supersedes
 from kcache_server.responses import blob_response
-from kcache_server.signatures import admit_entry, registered_keys, supersedes
 
 router = APIRouter(tags=["entries"])
 # A cursor or prefix: the start of an entry key (its characters; may be empty).
@@ -58,7 +58,7 @@ async def put_entry(
 
         def put() -> tuple[EntryInfo, bool]:  # hashing and checking a signature: off the event loop
             signature = admit_entry(keys, layer, key, body)
-            return store.put_entry(namespace, layer, key, body, producer, signature, supersedes(keys))
+            return store.entries.put(namespace, layer, key, body, producer, signature, supersedes(keys))
 
         info, created = await run_in_threadpool(put)
     response.status_code = 201 if created else 200
@@ -72,13 +72,13 @@ def get_entry(
     request: Request, namespace: Namespace, layer: Layer, key: EntryKey, store: StoreDep, settings: SettingsDep, _: CanRead,
 ) -> Response:
     if settings.presigned_downloads:
-        info, url = store.entry_download_url(namespace, layer, key, settings.presign_expires_s)
+        info, url = store.entries.download_url(namespace, layer, key, settings.presign_expires_s)
         if url is not None:
             downloads.record(settings, request, namespace, layer, key, "redirect", 0)
             # Only what the client credits (the compile time) rides on the redirect: the URL
             # expires, so nothing here may be cached as the entry's ETag or immutable bytes.
             return RedirectResponse(url, status_code=307, headers={k: v for k, v in _headers(info).items() if k == wire.COMPILE_TIME})
-    info, blob = store.open_entry(namespace, layer, key)
+    info, blob = store.entries.open(namespace, layer, key)
     downloads.record(settings, request, namespace, layer, key, "get", blob.size)
     return blob_response(blob, "application/octet-stream", _headers(info))
 
@@ -86,14 +86,14 @@ def get_entry(
 @router.head(wire.ENTRY, summary="Whether an entry exists", response_class=Response,
              responses={200: {"content": {"application/octet-stream": {}}, "description": "Stored: the GET's headers (Content-Length: the entry's size), no body"}})
 def head_entry(namespace: Namespace, layer: Layer, key: EntryKey, store: StoreDep, _: CanRead) -> Response:
-    info = store.entry_info(namespace, layer, key)
+    info = store.entries.info(namespace, layer, key)
     headers = _headers(info) | {"Content-Length": str(info.size)}
     return Response(status_code=200, media_type="application/octet-stream", headers=headers)
 
 
 @router.get(wire.ENTRY_INFO, response_model=EntryInfo, summary="An entry's metadata, with its signer and provenance if signed")
 def entry_info(namespace: Namespace, layer: Layer, key: EntryKey, store: StoreDep, _: CanRead) -> EntryInfo:
-    return store.entry_info(namespace, layer, key)
+    return store.entries.info(namespace, layer, key)
 
 
 @router.get(wire.ENTRY_LIST, response_model=EntryList, summary="List a layer's entries (paginated, in key order)")
@@ -103,14 +103,14 @@ def list_entries(
     cursor: Annotated[str, Query(max_length=512, pattern=ENTRY_KEY_PREFIX_PATTERN)] = "",
     prefix: Annotated[str, Query(max_length=512, pattern=ENTRY_KEY_PREFIX_PATTERN)] = "",
 ) -> EntryList:
-    items = store.list_entries(namespace, layer, cursor, prefix, limit + 1)
+    items = store.entries.listing(namespace, layer, cursor, prefix, limit + 1)
     next_cursor = items[limit - 1].key if len(items) > limit else None
     return EntryList(items=items[:limit], next_cursor=next_cursor)
 
 
 @router.delete(wire.ENTRY, status_code=204, summary="Remove an entry (admin)")
 def delete_entry(namespace: Namespace, layer: Layer, key: EntryKey, store: StoreDep, _: CanAdmin) -> Response:
-    store.delete_entry(namespace, layer, key)
+    store.entries.delete(namespace, layer, key)
     return Response(status_code=204)
 
 
@@ -121,17 +121,17 @@ def quarantine_entry(
     body: QuarantineRequest, response: Response, namespace: Namespace, layer: Layer, key: EntryKey, store: StoreDep,
     _: CanWrite, x_kcache_producer: Annotated[str | None, Header(max_length=256)] = None,
 ) -> QuarantineInfo:
-    info, created = store.quarantine_entry(namespace, layer, key, body.reason, body.sha256, x_kcache_producer)
+    info, created = store.quarantine.report(namespace, layer, key, body.reason, body.sha256, x_kcache_producer)
     response.status_code = 201 if created else 200
     return info
 
 
 @router.get(wire.ENTRY_QUARANTINE, response_model=QuarantineInfo, summary="Why an entry is quarantined")
 def quarantine_info(namespace: Namespace, layer: Layer, key: EntryKey, store: StoreDep, _: CanRead) -> QuarantineInfo:
-    return store.quarantine_info(namespace, layer, key)
+    return store.quarantine.info(namespace, layer, key)
 
 
 @router.delete(wire.ENTRY_QUARANTINE, status_code=204, summary="Lift a quarantine: the key takes uploads again (admin)")
 def lift_quarantine(namespace: Namespace, layer: Layer, key: EntryKey, store: StoreDep, _: CanAdmin) -> Response:
-    store.lift_quarantine(namespace, layer, key)
+    store.quarantine.lift(namespace, layer, key)
     return Response(status_code=204)

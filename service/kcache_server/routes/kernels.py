@@ -57,7 +57,7 @@ async def put_kernel(
     re-uploading identical content answers 200, different content 409."""
     with store.budget.hold() as share:
         body = await read_body(request, settings.max_pack_bytes, share)
-        entry, created = await run_in_threadpool(store.put_kernel, namespace, key, body, share)
+        entry, created = await run_in_threadpool(store.kernels.put, namespace, key, body, share)
     response.status_code = 201 if created else 200
     return entry
 
@@ -68,11 +68,11 @@ def get_kernel(
     request: Request, namespace: Namespace, key: KernelKey, store: StoreDep, settings: SettingsDep, _: CanRead,
 ) -> Response:
     if settings.presigned_downloads:
-        url = store.kernel_download_url(namespace, key, settings.presign_expires_s)
+        url = store.kernels.download_url(namespace, key, settings.presign_expires_s)
         if url is not None:
             downloads.record(settings, request, namespace, downloads.KERNEL_LAYER, key, "redirect", 0)
             return RedirectResponse(url, status_code=307)
-    entry, blob = store.open_kernel_pack(namespace, key)
+    entry, blob = store.kernels.open_pack(namespace, key)
     downloads.record(settings, request, namespace, downloads.KERNEL_LAYER, key, "get", blob.size)
     return blob_response(blob, MEDIA_TYPE, _entry_headers(entry))
 
@@ -80,14 +80,14 @@ def get_kernel(
 @router.head(wire.KERNEL, summary="Whether a kernel exists, and its pack size", response_class=Response,
              responses={200: {"content": {MEDIA_TYPE: {}}, "description": "Stored: the GET's headers (Content-Length: the pack's size), no body"}})
 def head_kernel(namespace: Namespace, key: KernelKey, store: StoreDep, _: CanRead) -> Response:
-    entry = store.kernel_entry(namespace, key)
+    entry = store.kernels.manifest(namespace, key)
     headers = _entry_headers(entry) | {"Content-Length": str(entry.pack_size)}
     return Response(status_code=200, media_type=MEDIA_TYPE, headers=headers)
 
 
 @router.get(wire.KERNEL_MANIFEST, response_model=KernelEntry, summary="A kernel's manifest")
 def get_manifest(namespace: Namespace, key: KernelKey, store: StoreDep, _: CanRead) -> KernelEntry:
-    return store.kernel_entry(namespace, key)
+    return store.kernels.manifest(namespace, key)
 
 
 @router.get(wire.KERNEL_FILE, summary="One raw file of a kernel (e.g. the .ptx)")
@@ -96,7 +96,7 @@ def get_file(namespace: Namespace, key: KernelKey, filename: str, store: StoreDe
         validate_filename(filename)
     except ValueError as exc:
         raise InvalidKeyError(str(exc)) from exc
-    data = store.kernel_file(namespace, key, filename)
+    data = store.kernels.file(namespace, key, filename)
     text = filename.endswith(_TEXT_SUFFIXES)
     media = "application/json" if filename.endswith(".json") else "text/plain; charset=utf-8" if text else "application/octet-stream"
     return bytes_response(data, media, {"Content-Disposition": f'inline; filename="{filename}"'})
@@ -104,13 +104,13 @@ def get_file(namespace: Namespace, key: KernelKey, filename: str, store: StoreDe
 
 @router.delete(wire.KERNEL, status_code=204, summary="Remove a kernel (admin)")
 def delete_kernel(namespace: Namespace, key: KernelKey, store: StoreDep, _: CanAdmin) -> Response:
-    store.delete_kernel(namespace, key)
+    store.kernels.delete(namespace, key)
     return Response(status_code=204)
 
 
 @router.post(wire.KERNELS_MISSING, response_model=MissingResponse, summary="Which of these keys are not stored")
 def missing_kernels(body: MissingRequest, namespace: Namespace, store: StoreDep, _: CanRead) -> MissingResponse:
-    missing, invalid = store.missing_kernels(namespace, body.keys)
+    missing, invalid = store.kernels.missing(namespace, body.keys)
     return MissingResponse(missing=missing, invalid=invalid)
 
 
@@ -122,7 +122,7 @@ def batch_get(
     """An uncompressed tar stream: first ``index.json`` (``{"found": [...], "missing": [...],
     "invalid": [...]}``), then ``<key>.kpack`` for each found key, in that order. Packs are
     already compressed, so the outer tar adds only headers."""
-    batch = store.batch_get(namespace, body.keys)
+    batch = store.kernels.batch_get(namespace, body.keys)
     record_batch_lookups(request, len(batch.found), len(batch.missing))
     index = {"found": batch.found, "missing": batch.missing, "invalid": batch.invalid}
     packs = ((wire.batch_member(key), blob) for key, blob in downloads.batch_packs(settings, request, namespace, batch.packs))
@@ -137,7 +137,7 @@ def batch_urls(request: Request, body: BatchGetRequest, namespace: Namespace, st
     not through this service (a prefetch asks for these when a workload view says
     ``wire.DOWNLOADS``: ``presigned``). Found keys the service signs no URL for (presigned
     downloads off, a file blob store) are listed in ``inline``: fetch them through batch-get."""
-    answer = store.kernel_download_urls(namespace, body.keys, settings.presign_expires_s if settings.presigned_downloads else None)
+    answer = store.kernels.download_urls(namespace, body.keys, settings.presign_expires_s if settings.presigned_downloads else None)
     record_batch_lookups(request, len(answer.urls), len(answer.missing))  # inline ones: counted by their batch-get
     return answer
 
@@ -149,7 +149,7 @@ def list_kernels(
     cursor: Annotated[str, Query(max_length=64)] = "",
     prefix: Annotated[str, Query(max_length=52, pattern=r"^[A-Z2-7]*$")] = "",
 ) -> KernelList:
-    items = store.list_kernels(namespace, cursor, prefix, limit + 1)
+    items = store.kernels.listing(namespace, cursor, prefix, limit + 1)
     next_cursor = items[limit - 1].key if len(items) > limit else None
     return KernelList(items=items[:limit], next_cursor=next_cursor)
 

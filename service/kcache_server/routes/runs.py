@@ -1,5 +1,5 @@
 """Run statistics and dashboard queries: ``runs``, ``stats/*``, ``namespaces`` (see
-:mod:`kcache_server.runs` for what a run is)."""
+:mod:`kcache_server.store.run_reports` for what a run is)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from kcache_schemas import validate_run_id, wire
-from kcache_schemas.stats import RunAggregate, RunList
+from kcache_schemas.stats_document import RunAggregate, RunList
 
-from kcache_server import runs
 from kcache_server.auth import Authenticator
 from kcache_server.deps import CanRead, CanWrite, Namespace, StoreDep, get_auth, read_body
+from kcache_server.store.run_reports import parse_report
 
 router = APIRouter(tags=["runs"])
 
@@ -31,15 +31,15 @@ RunId = Annotated[str, Depends(_run_id)]
 async def post_run_stats(request: Request, response: Response, namespace: Namespace, run_id: RunId, store: StoreDep, _: CanWrite) -> dict[str, Any]:
     with store.budget.hold() as share:
         body = await read_body(request, _MAX_REPORT_BYTES, share)
-    report = runs.parse_report(body)
-    key, created = await run_in_threadpool(runs.record_report, store, namespace, run_id, report)
+    report = parse_report(body)
+    key, created = await run_in_threadpool(store.runs.record, namespace, run_id, report)
     response.status_code = 201 if created else 200
     return {"run_id": run_id, "report": key}
 
 
 @router.get(wire.RUN, response_model=RunAggregate, summary="A run's statistics, summed over its processes")
 def get_run(namespace: Namespace, run_id: RunId, store: StoreDep, _: CanRead) -> RunAggregate:
-    return runs.get_run(store, namespace, run_id)
+    return store.runs.get(namespace, run_id)
 
 
 @router.get(wire.RUNS, response_model=RunList, summary="Recent runs, newest first, with hit rates")
@@ -48,12 +48,12 @@ def list_runs(
     limit: Annotated[int, Query(ge=1, le=1000)] = 50,
     workload: Annotated[str | None, Query(max_length=128)] = None,
 ) -> RunList:
-    return runs.list_runs(store, namespace, limit, workload)
+    return store.runs.listing(namespace, limit, workload)
 
 
 @router.get(wire.STATS_USAGE, summary="Entries and bytes stored in the namespace, per kind")
 def usage(namespace: Namespace, store: StoreDep, _: CanRead) -> dict[str, Any]:
-    kinds = store.usage().get(namespace, {})
+    kinds = store.records.usage().get(namespace, {})
     return {
         "namespace": namespace,
         "kinds": {k: {"entries": u.entries, "bytes": u.bytes} for k, u in kinds.items()},
@@ -67,7 +67,7 @@ def top_kernels(
     by: Annotated[Literal["size", "hits"], Query()] = "size",
     limit: Annotated[int, Query(ge=1, le=500)] = 20,
 ) -> dict[str, Any]:
-    scanned, top = store.top_kernels(namespace, by, limit)
+    scanned, top = store.kernels.top(namespace, by, limit)
     items = [
         {
             "key": t.entry.key,
@@ -92,5 +92,5 @@ def namespaces(
     authorization: Annotated[str | None, Header()] = None,
 ) -> dict[str, Any]:
     principal = auth.authenticate(authorization)
-    names = store.namespaces() | {n for n in principal.namespaces if n != "*"}
+    names = store.records.namespaces() | {n for n in principal.namespaces if n != "*"}
     return {"items": sorted(n for n in names if principal.allows(n, "read"))}

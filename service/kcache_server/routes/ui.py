@@ -12,7 +12,7 @@ from pathlib import Path
 from fastapi import APIRouter
 from fastapi.responses import FileResponse, Response
 
-from kcache_server.errors import NotFound
+from kcache_server.domain_errors import NotFound
 
 router = APIRouter(tags=["dashboard"], include_in_schema=False)
 

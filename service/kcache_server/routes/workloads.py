@@ -1,4 +1,4 @@
-"""Workload manifests: ``workloads`` (see :mod:`kcache_server.workloads`)."""
+"""Workload manifests: ``workloads`` (see :mod:`kcache_server.store.workload_manifests`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ from fastapi import APIRouter, Depends, Query, Response
 from kcache_schemas import validate_workload_name, wire
 from kcache_schemas.models import WorkloadManifest, WorkloadSummary, WorkloadView
 
-from kcache_server import workloads
 from kcache_server.deps import CanRead, CanWrite, Namespace, SettingsDep, StoreDep
 
 router = APIRouter(tags=["workloads"])
@@ -24,7 +23,7 @@ WorkloadName = Annotated[str, Depends(_name)]
 @router.put(wire.WORKLOAD, status_code=201, summary="Publish the kernels and entries one run used",
             responses={200: {"description": "The same kernels and entries were published for this environment already: nothing changed"}})
 def put_workload(namespace: Namespace, name: WorkloadName, body: WorkloadManifest, store: StoreDep, _: CanWrite, response: Response) -> dict[str, str]:
-    fingerprint, run, created = workloads.publish(store, namespace, name, body)
+    fingerprint, run, created = store.workloads.publish(namespace, name, body)
     response.status_code = 201 if created else 200
     return {"fingerprint": fingerprint, "run": run}
 
@@ -37,7 +36,7 @@ def get_workload(
     namespace: Namespace, name: WorkloadName, store: StoreDep, settings: SettingsDep, _: CanRead, response: Response,
     fingerprint: Annotated[str | None, Query(max_length=16, description="environment id; default: the newest run's")] = None,
 ) -> WorkloadView:
-    view = workloads.view(store, namespace, name, fingerprint)
+    view = store.workloads.view(namespace, name, fingerprint)
     if settings.presigned_downloads and store.presigns:
         # The prefetch that reads this view then asks for URLs, and the bytes skip this tier.
         response.headers[wire.DOWNLOADS] = wire.DOWNLOADS_PRESIGNED
@@ -46,4 +45,4 @@ def get_workload(
 
 @router.get(wire.WORKLOADS, response_model=list[WorkloadSummary], summary="Workloads in the namespace")
 def list_workloads(namespace: Namespace, store: StoreDep, _: CanRead) -> list[WorkloadSummary]:
-    return workloads.summaries(store, namespace)
+    return store.workloads.summaries(namespace)

@@ -102,7 +102,7 @@
       .map((r) => ({ ...r, t: r.ended_at || r.started_at }))
       .sort((a, b) => a.t - b.t);
     if (!points.length) {
-      box.replaceChildren(el("div", { class: "empty" }, "No runs with lookups yet. A job's processes report their statistics when KCACHE_RUN_ID is set (e.g. the CI job id); jobs without it still show in the top kernels by hits, below."));
+      box.replaceChildren(el("div", { class: "empty" }, "No runs with lookups yet. A job's processes report their statistics at exit under KCACHE_RUN_ID, or under the id of their CI job, SLURM job, torchrun job or Kubernetes pod; a process with neither still shows in the top kernels by hits, below."));
       return;
     }
     const W = 900, H = 260, L = 44, R = 16, T = 12, B = 30;
@@ -183,12 +183,13 @@
     const body = $("runs-table").tBodies[0];
     body.replaceChildren();
     if (!runs.length) {
-      body.append(el("tr", {}, el("td", { colspan: 11, class: "empty" }, "No runs reported in this namespace yet: set KCACHE_RUN_ID in a job (its processes report at exit).")));
+      body.append(el("tr", {}, el("td", { colspan: 12, class: "empty" }, "No runs reported in this namespace yet: a job's processes report at exit under KCACHE_RUN_ID, or under their CI, SLURM, torchrun or Kubernetes job's id.")));
       return;
     }
     for (const r of runs.slice(0, 25)) {
       const tr = el("tr", { class: "clickable" + (r.run_id === state.selectedRun ? " selected" : ""), "data-run": r.run_id, onclick: () => showRun(r.run_id) },
         el("td", { class: "mono" }, r.run_id),
+        el("td", { class: "mono muted source" }, runSource(r)),
         el("td", {}, r.workload || (r.workloads || []).join(", ")),
         el("td", { class: "env" }, (r.environments || []).map(envLabel).join("; ")),
         el("td", {}, fmtTime(r.ended_at)),
@@ -201,6 +202,12 @@
         el("td", { class: "num" }, r.saved_s.toFixed(1) + " s"));
       body.append(tr);
     }
+  }
+
+  // Where the run id came from: KCACHE_RUN_ID, or the launcher variable the clients derived it
+  // from (GITHUB_RUN_ID, SLURM_JOB_ID, TORCHELASTIC_RUN_ID, ...); older clients do not say.
+  function runSource(r) {
+    return r.run_source || "–";
   }
 
   // torch/triton of the processes that reported (a fleet mid-upgrade shows one per version)
@@ -221,7 +228,7 @@
       el("td", {}, Object.entries(c.miss_reasons).map(([k, v]) => `${k} ×${v}`).join(", ")),
       el("td", { class: c.errors ? "bad" : "" }, Object.entries(c.error_kinds).map(([k, v]) => `${k} ×${v}`).join(", "))));
     $("run-detail").replaceChildren(
-      el("h3", {}, `Run ${run.run_id}: ${fmtRate(run.hit_rate)} hit rate over ${run.processes} process${run.processes === 1 ? "" : "es"}`),
+      el("h3", {}, `Run ${run.run_id}${run.run_source ? ` (from ${run.run_source})` : ""}: ${fmtRate(run.hit_rate)} hit rate over ${run.processes} process${run.processes === 1 ? "" : "es"}`),
       el("table", { id: "run-layers" },
         el("thead", {}, el("tr", {}, ...["layer", "hits", "misses", "errors", "hit rate", "puts", "down", "up", "saved", "miss reasons", "error kinds"].map((h, i) => el("th", { class: i > 0 && i < 9 ? "num" : "" }, h)))),
         el("tbody", {}, ...rows)),
@@ -259,7 +266,7 @@
     return out;
   }
 
-  // ---- unsound keys (kcache.canary) -----------------------------------------------------------
+  // ---- unsound keys (kcache.layers.key_canary) -----------------------------------------------------------
 
   async function loadUnsound() {
     const body = $("unsound-table").tBodies[0];

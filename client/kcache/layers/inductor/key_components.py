@@ -24,7 +24,7 @@ from types import ModuleType
 from typing import Any
 
 from kcache_schemas import wire
-from kcache_schemas.explain import KeyComponents, from_parts, parse_debug_lines
+from kcache_schemas.key_diff import KeyComponents, from_parts, parse_debug_lines
 
 from kcache.config import ClientConfig
 from kcache.current import get_runtime

@@ -134,8 +134,11 @@ def backend_class() -> type:
                     return  # an audited hit's own compile: compared, never uploaded over the entry
                 compile_time = _compile_time_s(data)
                 if self.layer == FX_GRAPH:
-                    data = fx_graph_envelope.encode(data) or data
-                rt.put_entry(self.layer, service_key(key), data, compile_time)
+                    # The envelope is made in the uploader thread: decoding Inductor's JSON and
+                    # base64 of a max-autotune graph (hundreds of MB) is not the compile's work.
+                    rt.put_entry(self.layer, service_key(key), functools.partial(fx_graph_envelope.stored_form, data), compile_time)
+                else:
+                    rt.put_entry(self.layer, service_key(key), data, compile_time)
 
     return KcacheRemoteCacheBackend
 

@@ -85,13 +85,14 @@ def refuse(rt: Runtime, key: str, why: str) -> None:
 
 def missed(rt: Runtime, build: BuildKey) -> None:
     """Counted for ``kcache explain``, with the key's parts stored beside it."""
-    from kcache_schemas.explain import from_parts
+    from kcache_schemas.key_diff import from_parts
 
     rt.record_miss(from_parts(LAYER, build.key, build.parts), now=in_inductor_compile_worker())
 
 
 def upload(rt: Runtime, key: str, adapter: str, files: Mapping[str, bytes], build_s: float | None) -> None:
-    rt.put_entry(LAYER, key, artifact.encode(adapter, files), build_s, now=in_inductor_compile_worker())
+    # Encoded (sizes, sha256 of every file) in the uploader thread, off the build's path.
+    rt.put_entry(LAYER, key, functools.partial(artifact.encode, adapter, dict(files)), build_s, now=in_inductor_compile_worker())
 
 
 def install_file(path: str, data: bytes, mode: int = 0o755) -> None:

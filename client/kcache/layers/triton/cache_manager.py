@@ -131,7 +131,7 @@ class KcacheCacheManager(FileCacheManager):  # type: ignore[misc]
             return None
         if outcome in (EmitOutcome.EMITTED, EmitOutcome.EXISTING, EmitOutcome.REPAIRED):
             return super().get_group(filename)  # type: ignore[no-any-return]
-        from kcache_schemas.explain import KeyComponents, from_parts
+        from kcache_schemas.key_diff import KeyComponents, from_parts
 
         from kcache.layers import require_hit
 

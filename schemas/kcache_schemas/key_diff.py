@@ -53,7 +53,7 @@ class KeyComponents(_Model):
     out of its key, backend switches, the rank, hashes of ``TORCHINDUCTOR_*``/``TRITON_*``
     variables; :mod:`kcache.layers.key_context`), ``environment`` and ``run_id``: where it ran. None of
     them is part of the key: they name the suspects when two compiles of one key disagree
-    (:mod:`kcache_schemas.canary`) and let ``kcache purge`` select by environment or run."""
+    (:mod:`kcache_schemas.unsound_reports`) and let ``kcache purge`` select by environment or run."""
 
     layer: str = Field(max_length=64)
     key: str = Field(max_length=512)

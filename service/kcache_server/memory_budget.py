@@ -3,7 +3,7 @@
 A request that can hold a lot of memory takes its bytes from the budget before it holds them:
 request bodies as their bytes arrive, and the decompression working set of a pack it verifies
 or opens (:func:`kcache_schemas.pack.pack_work_bytes`, plus the file a file view returns). When
-the budget cannot give them, the request is refused with :class:`~kcache_server.errors.Overloaded`
+the budget cannot give them, the request is refused with :class:`~kcache_server.domain_errors.Overloaded`
 (503 with ``Retry-After``) instead of pushing the replica towards its memory limit; everything a
 request took goes back when it ends. A request alone may always proceed, whatever it needs
 (its own size limits bound it), so a budget smaller than one request never locks that request out.
@@ -27,7 +27,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from kcache_server.errors import Overloaded
+from kcache_server.domain_errors import Overloaded
 
 _MIB = 1 << 20
 

@@ -9,7 +9,7 @@ JSON object, or ``KCACHE_RETENTION_FILE``, a JSON file)::
 
 A namespace's entry overrides the fields it names, the rest come from ``default``. Sizes take
 ``500MB``/``50GiB`` or bytes, durations ``90s``/``30m``/``12h``/``7d`` or seconds. What each rule
-does is in docs/storage.md ("Retention"); :mod:`kcache_server.gc` applies them.
+does is in docs/storage.md ("Retention"); :mod:`kcache_server.store.gc` applies them.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from kcache_schemas import validate_namespace
-from kcache_schemas.retention import RetentionPolicy
+from kcache_schemas.gc_models import RetentionPolicy
 from kcache_schemas.units import parse_bytes, parse_duration
 from pydantic import (
     BaseModel,

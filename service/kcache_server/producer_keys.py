@@ -1,4 +1,4 @@
-"""Producer keys per namespace: the service's half of signed entries (:mod:`kcache_schemas.signature`).
+"""Producer keys per namespace: the service's half of signed entries (:mod:`kcache_schemas.signed_envelope`).
 
 A namespace with Ed25519 keys registered for it (``KCACHE_PRODUCER_KEYS``) takes only entries
 that one of them signed for that layer and key: a write token alone no longer lets anyone put
@@ -17,10 +17,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from kcache_schemas import EntryInfo, EntrySignature
-from kcache_schemas import signature as envelope
-from kcache_schemas.signature import SignatureError, TrustedKeys
+from kcache_schemas import signed_envelope as envelope
+from kcache_schemas.signed_envelope import SignatureError, TrustedKeys
 
-from kcache_server.errors import UntrustedSignature
+from kcache_server.domain_errors import UntrustedSignature
 
 ALL_NAMESPACES = "*"
 

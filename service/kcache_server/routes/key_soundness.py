@@ -1,5 +1,5 @@
-"""Key soundness: ``unsound`` (what nodes' canaries reported, :mod:`kcache_server.unsound`) and
-``purge`` (delete entries by recorded key part, :mod:`kcache_server.purge`)."""
+"""Key soundness: ``unsound`` (what nodes' canaries reported, :mod:`kcache_server.store.unsound_keys`) and
+``purge`` (delete entries by recorded key part, :mod:`kcache_server.store.key_part_purge`)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,9 @@ from typing import Annotated
 from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from kcache_schemas import wire
-from kcache_schemas.canary import MAX_LISTED, UnsoundList, UnsoundReport
 from kcache_schemas.purge import PurgeReport, PurgeRequest
+from kcache_schemas.unsound_reports import MAX_LISTED, UnsoundList, UnsoundReport
 
-from kcache_server import purge, unsound
 from kcache_server.deps import (
     CanAdmin,
     CanRead,
@@ -22,6 +21,7 @@ from kcache_server.deps import (
     StoreDep,
     read_body,
 )
+from kcache_server.store import unsound_keys
 
 router = APIRouter(tags=["key soundness"])
 
@@ -34,27 +34,27 @@ async def report_unsound(
     x_kcache_producer: Annotated[str | None, Header(max_length=256)] = None,
 ) -> UnsoundReport:
     with store.budget.hold() as share:
-        body = await read_body(request, unsound.MAX_REPORT_BYTES, share)
-    report = unsound.parse(body, layer, key)
-    kept, created = await run_in_threadpool(unsound.record, store, namespace, report, x_kcache_producer)
+        body = await read_body(request, unsound_keys.MAX_REPORT_BYTES, share)
+    report = unsound_keys.parse(body, layer, key)
+    kept, created = await run_in_threadpool(store.unsound.record, namespace, report, x_kcache_producer)
     response.status_code = 201 if created else 200
     return kept
 
 
 @router.get(wire.UNSOUND, response_model=UnsoundReport, summary="What a node's canary found for this key")
 def get_unsound(namespace: Namespace, layer: Layer, key: EntryKey, store: StoreDep, _: CanRead) -> UnsoundReport:
-    return unsound.get(store, namespace, layer, key)
+    return store.unsound.get(namespace, layer, key)
 
 
 @router.get(wire.UNSOUND_LIST, response_model=UnsoundList, summary="The namespace's unsound keys, newest first")
 def list_unsound(
     namespace: Namespace, store: StoreDep, _: CanRead, limit: Annotated[int, Query(ge=1, le=MAX_LISTED)] = 50,
 ) -> UnsoundList:
-    return unsound.listing(store, namespace, limit)
+    return store.unsound.listing(namespace, limit)
 
 
 @router.post(wire.PURGE, response_model=PurgeReport, summary="Delete entries by recorded key part (admin)")
 def run_purge(namespace: Namespace, body: PurgeRequest, store: StoreDep, _: CanAdmin) -> PurgeReport:
     """Scans the namespace's recorded key parts; unless ``dry_run``, deletes every entry and
     kernel whose parts match all conditions. Answers what matched and what was deleted."""
-    return purge.purge(store, namespace, body)
+    return store.purge.run(namespace, body)

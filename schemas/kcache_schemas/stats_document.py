@@ -19,7 +19,7 @@ from typing import Annotated, Any, Final, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema
 
-from kcache_schemas.explain import MAX_MISS_RECORDS, MissRecord, merge_misses
+from kcache_schemas.key_diff import MAX_MISS_RECORDS, MissRecord, merge_misses
 from kcache_schemas.models import EnvFingerprint, RunId, WorkloadName
 
 STATS_FORMAT: Final = "kcache-stats"
@@ -158,6 +158,11 @@ Phases = Annotated[
 # that did not pay: kcache.layers.dynamo.payoff).
 Verification = Annotated[dict[_StatName, Reasons], Field(max_length=16), AfterValidator(_stat_names)]
 
+# Where a run's id came from: the variable's name, KCACHE_RUN_ID or the launcher variable the
+# client derived it from when KCACHE_RUN_ID was unset (kcache.host.launchers), e.g. GITHUB_RUN_ID,
+# SLURM_JOB_ID, TORCHELASTIC_RUN_ID.
+RunSource = Annotated[str, Field(pattern=r"^[A-Z][A-Z0-9_]{0,63}$", description="where the run id came from: KCACHE_RUN_ID, or the launcher variable it was derived from (GITHUB_RUN_ID, CI_JOB_ID, BUILDKITE_JOB_ID, BUILD_TAG, SLURM_JOB_ID, TORCHELASTIC_RUN_ID, JOB_COMPLETION_INDEX, HOSTNAME)")]
+
 # Torch's own phase timers (``dynamo_timed`` names, which differ between torch versions) grouped
 # for people; the first matching rule wins. The timers nest (Dynamo's compile contains
 # AOTAutograd, which contains Inductor, which contains the kernel compiles), so a group's time is
@@ -269,6 +274,7 @@ class StatsDocument(_Lenient):
     started_at: float | None = None
     ended_at: float | None = None
     run_id: str | None = None
+    run_source: RunSource | None = None
     namespace: str | None = None
     workload: str | None = None
     workloads: list[str] = Field(default_factory=list)
@@ -316,6 +322,7 @@ class StatsDocument(_Lenient):
             started_at=min(starts) if starts else None,
             ended_at=max(ends) if ends else None,
             run_id=agreed(d.run_id for d in docs),
+            run_source=agreed(d.run_source for d in docs),
             namespace=agreed(d.namespace for d in docs),
             workload=workloads[0] if len(workloads) == 1 else None,
             workloads=workloads,
@@ -340,6 +347,7 @@ class RunStatsReport(_Lenient):
     host: str = Field(default="", max_length=255)
     pid: int = Field(default=0, ge=0)
     workload: WorkloadName | None = None
+    run_source: RunSource | None = None
     kcache_version: str | None = Field(default=None, max_length=64)
     started_at: float = Field(default=0.0, ge=0)
     ended_at: float = Field(default=0.0, ge=0)
@@ -352,7 +360,8 @@ class RunStatsReport(_Lenient):
     def document(self) -> StatsDocument:
         return StatsDocument(
             processes=1, host=self.host, pid=self.pid, started_at=self.started_at or None,
-            ended_at=self.ended_at or None, workload=self.workload, environment=self.environment, layers=self.layers,
+            ended_at=self.ended_at or None, workload=self.workload, run_source=self.run_source,
+            environment=self.environment, layers=self.layers,
             missed=self.missed, phases=self.phases, verification=self.verification,
         )
 
@@ -361,6 +370,7 @@ class RunSummary(_Lenient):
     """One run (e.g. a CI job), summed over every process that reported into it."""
 
     run_id: RunId
+    run_source: RunSource | None = None
     namespace: str
     workload: str | None = None
     workloads: list[str] = Field(default_factory=list)
@@ -391,7 +401,7 @@ class RunAggregate(RunSummary):
         """The run as the service answers it, from the merged document of its reports."""
         t = doc.totals()
         return cls(
-            run_id=run_id, namespace=namespace, workload=doc.workload, workloads=doc.workloads,
+            run_id=run_id, run_source=doc.run_source, namespace=namespace, workload=doc.workload, workloads=doc.workloads,
             processes=doc.processes, started_at=doc.started_at or 0.0, ended_at=doc.ended_at or 0.0,
             hits=t.hits, misses=t.misses, errors=t.errors, puts=t.puts, bytes_down=t.bytes_down,
             bytes_up=t.bytes_up, seconds=t.seconds, saved_s=t.saved_s, hit_rate=t.hit_rate,
@@ -406,7 +416,7 @@ class RunAggregate(RunSummary):
         """The run as a stats document, for the same reports a stats file gets."""
         return StatsDocument(
             processes=self.processes, started_at=self.started_at or None, ended_at=self.ended_at or None,
-            run_id=self.run_id, namespace=self.namespace, workload=self.workload, workloads=self.workloads,
+            run_id=self.run_id, run_source=self.run_source, namespace=self.namespace, workload=self.workload, workloads=self.workloads,
             environments=self.environments, layers=self.layers,
             missed=self.missed, phases=self.phases, verification=self.verification,
         )

@@ -13,7 +13,7 @@ Scan → plan → execute (huggingface_hub's cache-pruning habit):
      (or ``max_bytes``);
 
   never anything a pinned workload lists, never anything used within ``min_age``;
-* **execute** through the store's delete protocol (:meth:`CacheStore.evict`): each record only
+* **execute** through the store's delete protocol (:meth:`.BlobReferences.evict`): each record only
   if it was not used since the scan, index entry first, its blob after, once no record of any
   namespace references it.
 
@@ -43,8 +43,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from kcache_schemas.models import EnvFingerprint, WorkloadManifest
-from kcache_schemas.retention import (
+from kcache_schemas.gc_models import (
     ENV_FIELDS,
     REASON_BUDGET,
     REASON_ENV,
@@ -56,18 +55,21 @@ from kcache_schemas.retention import (
     GcStatus,
     RetentionPolicy,
 )
+from kcache_schemas.models import EnvFingerprint, WorkloadManifest
 from kcache_schemas.units import format_bytes, format_duration
 from pydantic import ValidationError
 
-from kcache_server import pins as pin_store
-from kcache_server.errors import GcBusy, InvalidRequest, NotFound
+from kcache_server.domain_errors import GcBusy, InvalidRequest, NotFound
 from kcache_server.kinds import GC, KERNEL, WORKLOAD, entry_kind, is_cache_kind, workload_name
-from kcache_server.retention import policy_active
-from kcache_server.storage import BackendUnavailable, IndexRecord, StorageError
+from kcache_server.retention_rules import RetentionConfig, policy_active
+from kcache_server.storage import BackendUnavailable, BlobStore, IndexRecord, StorageError
 from kcache_server.storage.base import BlobInfo, Index, blob_ref, new_token, token_time
-from kcache_server.store import CacheStore
+from kcache_server.store.access_recorder import AccessRecorder
+from kcache_server.store.blob_references import BlobReferences
+from kcache_server.store.pins import Pins
+from kcache_server.store.records import Records
 
-log = logging.getLogger("kcache_server.gc")
+log = logging.getLogger("kcache_server.gc")  # the name operators filter on (the module moved)
 
 LEASE = "gc"
 ORPHAN_LEASE = "gc-orphans"  # taken for orphan_interval and never released: one sweep per interval
@@ -185,21 +187,29 @@ class _Lease:
 
 
 class Collector:
-    """Plans and runs GCs over one store with its retention rules."""
+    """Plans and runs GCs over one store with its retention rules (``rules()``: the rules now,
+    asked per use, so rules set after the store is built apply)."""
 
-    def __init__(self, store: CacheStore) -> None:
-        self.store = store
-        self.config = store.retention
+    def __init__(
+        self, blobs: BlobStore, index: Index, access: AccessRecorder, records: Records, references: BlobReferences,
+        pins: Pins, rules: Callable[[], RetentionConfig],
+    ) -> None:
+        self._blobs, self._index, self._access, self._records = blobs, index, access, records
+        self._references, self._pins, self._rules = references, pins, rules
         # Called with every finished (not dry) run: metrics.
         self.observers: list[Callable[[GcReport], None]] = []
         # Set at shutdown: a running pass stops between batches (what it did so far stands).
         self.stopping = threading.Event()
 
+    @property
+    def config(self) -> RetentionConfig:
+        return self._rules()
+
     # ---- entry points -----------------------------------------------------------------------
 
     def run(self, namespace: str, request: GcRequest, trigger: str = "api", now: float | None = None) -> GcReport:
         """Plan and (unless a dry run) execute one GC of ``namespace`` under the lease."""
-        lease = _Lease(self.store.index, LEASE, LEASE_TTL_S)
+        lease = _Lease(self._index, LEASE, LEASE_TTL_S)
         if not lease.acquire():
             raise GcBusy("another GC is running (on this or another replica); retry when it has finished")
         try:
@@ -210,12 +220,12 @@ class Collector:
     def run_policies(self, trigger: str = "schedule") -> list[GcReport]:
         """The background pass: every namespace with a rule, then the orphan sweep when due.
         Returns nothing when another replica's GC holds the lease."""
-        lease = _Lease(self.store.index, LEASE, LEASE_TTL_S)
+        lease = _Lease(self._index, LEASE, LEASE_TTL_S)
         if not lease.acquire():
             return []
         reports = []
         try:
-            for namespace in sorted(self.store.namespaces()):
+            for namespace in sorted(self._records.namespaces()):
                 if self.stopping.is_set():
                     break
                 if policy_active(self.config.policy(namespace)):
@@ -223,7 +233,7 @@ class Collector:
                 if not lease.keep():
                     break
             interval = self.config.orphan_interval
-            if interval and not self.stopping.is_set() and lease.keep() and self.store.index.acquire_lease(ORPHAN_LEASE, new_token(), interval):
+            if interval and not self.stopping.is_set() and lease.keep() and self._index.acquire_lease(ORPHAN_LEASE, new_token(), interval):
                 reports.append(self._sweep_orphans(trigger, lease))
         finally:
             lease.release()
@@ -231,7 +241,7 @@ class Collector:
 
     def last_report(self, namespace: str) -> GcReport | None:
         """The namespace's last executed GC run (any replica's), without its item list."""
-        record = self.store.index.get(namespace, GC, _STATUS_KEY)
+        record = self._index.get(namespace, GC, _STATUS_KEY)
         if record is None:
             return None
         try:
@@ -241,15 +251,15 @@ class Collector:
 
     def status(self, namespace: str) -> GcStatus:
         return GcStatus(
-            namespace=namespace, policy=self.config.policy(namespace), usage=self.store.cache_usage(namespace),
-            pins=[p.workload for p in pin_store.pins(self.store, namespace).items], last_run=self.last_report(namespace),
+            namespace=namespace, policy=self.config.policy(namespace), usage=self._records.cache_usage(namespace),
+            pins=[p.workload for p in self._pins.listing(namespace).items], last_run=self.last_report(namespace),
         )
 
     # ---- the run ----------------------------------------------------------------------------
 
     def _run_leased(self, namespace: str, request: GcRequest, trigger: str, lease: _Lease, now: float | None) -> GcReport:
         t0 = time.monotonic()
-        self.store.access.flush()  # this process's pending hits count before we judge recency
+        self._access.flush()  # this process's pending hits count before we judge recency
         plan = self.plan(namespace, request, trigger=trigger, now=now)
         report = plan.report if request.dry_run else self._execute(plan, lease)
         report = report.model_copy(update={"seconds": round(time.monotonic() - t0, 3)})
@@ -367,15 +377,14 @@ class Collector:
         return last
 
     def _scan(self, namespace: str, need_envs: bool) -> _Scan:
-        store = self.store
-        kinds = sorted(store.kinds(namespace))
+        kinds = sorted(self._records.kinds(namespace))
         records: list[IndexRecord] = []
         own_env: dict[ItemId, dict[str, str]] = {}
         for kind in kinds:
             if not is_cache_kind(kind):
                 continue
             # Without their JSON unless an environment purge needs what kernels say of theirs.
-            for r in store.iter_records(namespace, kind, meta=need_envs):
+            for r in self._records.iter_records(namespace, kind, meta=need_envs):
                 if need_envs:
                     own_env[(r.kind, r.key)] = own_environment(r)
                     r = dataclasses.replace(r, meta="")  # 100k records: keep memory small
@@ -383,10 +392,10 @@ class Collector:
         runs: list[tuple[IndexRecord, WorkloadManifest]] = []
         for kind in kinds:
             if kind.split("/", 1)[0] == WORKLOAD:
-                for r in store.iter_records(namespace, kind):
+                for r in self._records.iter_records(namespace, kind):
                     with contextlib.suppress(ValidationError):
                         runs.append((dataclasses.replace(r, meta=""), WorkloadManifest.model_validate_json(r.meta)))
-        pins = [p.workload for p in pin_store.pins(store, namespace).items]
+        pins = [p.workload for p in self._pins.listing(namespace).items]
         pinned: set[ItemId] = set()
         item_fps: dict[ItemId, set[str]] = {}
         fingerprints: dict[str, EnvFingerprint] = {}
@@ -403,10 +412,9 @@ class Collector:
     # ---- execution --------------------------------------------------------------------------
 
     def _execute(self, plan: Plan, lease: _Lease) -> GcReport:
-        store = self.store
         notes = list(plan.report.notes)
-        if not store.refs_complete():
-            added = store.backfill_refs()
+        if not self._references.refs_complete():
+            added = self._references.backfill()
             notes.append(f"backfilled {added} blob references (records written before retention existed)")
         evicted: dict[str, Amount] = {}
         skipped, shared = 0, 0
@@ -419,7 +427,7 @@ class Collector:
                 notes.append("stopped: the GC lease was lost (another replica took over)")
                 break
             batch = plan.evictions[i : i + _EVICT_BATCH]
-            result = store.evict([r for r, _ in batch])
+            result = self._references.evict([r for r, _ in batch])
             for (r, reason), ok in zip(batch, result.deleted, strict=True):
                 if not ok:
                     skipped += 1
@@ -428,7 +436,7 @@ class Collector:
             blobs_deleted = blobs_deleted.plus(result.blobs_deleted.bytes, result.blobs_deleted.entries)
             shared += result.blobs_shared
         orphans = self._delete_orphans(plan, lease, notes) if plan.report.orphans.entries or plan.refs else Amount()
-        after = store.cache_usage(plan.report.namespace)
+        after = self._records.cache_usage(plan.report.namespace)
         return plan.report.model_copy(update={
             "evicted": evicted, "skipped": skipped, "blobs_deleted": blobs_deleted, "blobs_shared": shared,
             "orphans": orphans, "after": after, "notes": notes,
@@ -439,16 +447,16 @@ class Collector:
             return
         summary = report.model_copy(update={"items": [], "more_items": len(report.items) + report.more_items}).model_dump_json()
         try:
-            self.store.index.upsert(IndexRecord(namespace=report.namespace, kind=GC, key=_STATUS_KEY, digest="", size=len(summary), meta=summary))
+            self._index.upsert(IndexRecord(namespace=report.namespace, kind=GC, key=_STATUS_KEY, digest="", size=len(summary), meta=summary))
         except BackendUnavailable as exc:
             log.warning("could not record the GC report of %s: %s", report.namespace, exc)
 
     # ---- orphans ----------------------------------------------------------------------------
 
     def _iter_all_records(self) -> Iterator[IndexRecord]:
-        for namespace, kinds in self.store.index.usage().items():
+        for namespace, kinds in self._index.usage().items():
             for kind in kinds:
-                yield from self.store.iter_records(namespace, kind, meta=False)
+                yield from self._records.iter_records(namespace, kind, meta=False)
 
     def _find_orphans(self, now: float, min_age: float) -> tuple[list[BlobInfo], dict[str, dict[str, str]], list[tuple[str, str]]]:
         """Blobs older than ``min_age`` that no record names and no live writer claims; and every
@@ -460,8 +468,8 @@ class Collector:
                 referenced.add(r.digest)
                 refs.append((r.digest, blob_ref(r.namespace, r.kind, r.key)))
         cutoff = now - min_age
-        candidates = [b for b in self.store.blobs.scan() if b.digest not in referenced and b.modified <= cutoff]
-        claims = self.store.index.blob_refs([b.digest for b in candidates]) if candidates else {}
+        candidates = [b for b in self._blobs.scan() if b.digest not in referenced and b.modified <= cutoff]
+        claims = self._index.blob_refs([b.digest for b in candidates]) if candidates else {}
         orphans: list[BlobInfo] = []
         stale: dict[str, dict[str, str]] = {}
         claim_cutoff = now - max(min_age, CLAIM_GRACE_S)
@@ -478,14 +486,13 @@ class Collector:
 
     def _names(self, ref: str, digest: str) -> bool:
         namespace, kind, key = json.loads(ref)
-        record = self.store.index.get(namespace, kind, key)
+        record = self._index.get(namespace, kind, key)
         return record is not None and record.digest == digest
 
     def _delete_orphans(self, plan: Plan, lease: _Lease, notes: list[str]) -> Amount:
-        store = self.store
         if plan.refs:
-            added = store.index.backfill_blob_refs(plan.refs)
-            store.index.set_blob_refs_complete()
+            added = self._index.backfill_blob_refs(plan.refs)
+            self._index.set_blob_refs_complete()
             if added:
                 notes.append(f"added {added} missing blob references")
         deleted = Amount()
@@ -494,12 +501,12 @@ class Collector:
                 notes.append("stopped: the GC lease was lost (another replica took over)")
                 break
             batch = plan.orphans[i : i + _EVICT_BATCH]
-            store.index.release_blobs([(b.digest, ref, token) for b in batch for ref, token in plan.stale_claims.get(b.digest, {}).items()])
-            gone = set(store.delete_blobs_if_unreferenced([b.digest for b in batch]))
+            self._index.release_blobs([(b.digest, ref, token) for b in batch for ref, token in plan.stale_claims.get(b.digest, {}).items()])
+            gone = set(self._references.delete_blobs_if_unreferenced([b.digest for b in batch]))
             for blob in batch:
                 if blob.digest in gone:
                     deleted = deleted.plus(blob.size)
-        partial = store.blobs.remove_partial(plan.report.started_at - self.config.orphan_min_age)
+        partial = self._blobs.remove_partial(plan.report.started_at - self.config.orphan_min_age)
         if partial:
             notes.append(f"removed {partial} partial writes")
         return deleted

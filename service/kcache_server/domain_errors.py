@@ -1,6 +1,6 @@
 """The service's domain errors: what a request can be refused for, by wire code.
 
-The store, the domain modules (runs, workloads) and auth raise these; they know nothing of HTTP.
+The store's concerns (:mod:`kcache_server.store`) and auth raise these; they know nothing of HTTP.
 :mod:`kcache_server.handlers` maps them (and the schemas' and storage's errors) to responses,
 in one place.
 """
@@ -13,12 +13,12 @@ from kcache_schemas import ErrorCode
 
 
 class ServiceError(Exception):
-    """A request the service refuses; ``code`` decides the status (``kcache_schemas.errors.STATUS``),
+    """A request the service refuses; ``code`` decides the status (``kcache_schemas.error_codes.STATUS``),
     ``headers`` go with the answer (what HTTP asks of that status)."""
 
     code: ErrorCode = ErrorCode.INVALID_REQUEST
     headers: dict[str, str] | None = None
-    status: int | None = None  # where it differs from the code's (kcache_schemas.errors.STATUS)
+    status: int | None = None  # where it differs from the code's (kcache_schemas.error_codes.STATUS)
 
     def __init__(self, message: str, detail: Any = None) -> None:
         super().__init__(message)
@@ -33,7 +33,7 @@ class NotFound(ServiceError):
 
 
 class Quarantined(ServiceError):
-    """The entry was reported unloadable (:meth:`CacheStore.quarantine_entry`): a miss for
+    """The entry was reported unloadable (:meth:`kcache_server.store.quarantine.Quarantine.report`): a miss for
     readers, with the reason in ``detail``."""
 
     code = ErrorCode.QUARANTINED
@@ -99,7 +99,7 @@ class UntrustedSignature(ServiceError):
 
 
 class Overloaded(ServiceError):
-    """The replica's memory budget cannot take this request now (:mod:`kcache_server.budget`)."""
+    """The replica's memory budget cannot take this request now (:mod:`kcache_server.memory_budget`)."""
 
     code = ErrorCode.OVERLOADED
     headers = {"Retry-After": "1"}

@@ -18,7 +18,7 @@ from typing import Final
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kcache_schemas.explain import Change, Component, KeyComponents, fingerprint_changes
+from kcache_schemas.key_diff import Change, Component, KeyComponents, fingerprint_changes
 
 MAX_DIFF_LINES: Final = 80  # of the normalised outputs' unified diff, kept in the report
 MAX_DIFF_LINE_CHARS: Final = 240

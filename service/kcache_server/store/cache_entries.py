@@ -1,0 +1,99 @@
+"""Opaque Inductor cache entries (``/v1/{namespace}/entries/{layer}/{key}``): bytes in, bytes out.
+
+The store never deserialises them (FX-graph entries carry pickles); it keeps what a signed
+entry's envelope says in the index (shown by the entry info route) and, where the namespace
+requires registered producer keys, lets a trusted upload replace an entry no registered key
+signed (``supersede``, :mod:`kcache_server.producer_keys`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from datetime import datetime, timezone
+
+from kcache_schemas import EntryInfo, EntrySignature, Producer
+
+from kcache_server.domain_errors import NotFound
+from kcache_server.kinds import entry_kind
+from kcache_server.storage import BlobStore, BlobStream, Index, IndexRecord
+from kcache_server.store.access_recorder import AccessRecorder
+from kcache_server.store.blob_references import BlobReferences
+from kcache_server.store.commit import CommitProtocol
+from kcache_server.store.quarantine import Quarantine
+
+
+class CacheEntries:
+    def __init__(
+        self, blobs: BlobStore, index: Index, access: AccessRecorder, commits: CommitProtocol,
+        references: BlobReferences, quarantine: Quarantine,
+    ) -> None:
+        self._blobs, self._index, self._access = blobs, index, access
+        self._commits, self._references, self._quarantine = commits, references, quarantine
+
+    def put(
+        self, namespace: str, layer: str, key: str, data: bytes, producer: Producer,
+        signature: EntrySignature | None = None, supersede: Callable[[EntryInfo], bool] | None = None,
+    ) -> tuple[EntryInfo, bool]:
+        """Store an entry (write-once). ``signature``: what its envelope says (kept in the index,
+        shown by the entry info route); ``supersede``: which stored entry this one may replace."""
+        info = EntryInfo(
+            namespace=namespace,
+            layer=layer,
+            key=key,
+            size=len(data),
+            sha256=hashlib.sha256(data).hexdigest(),
+            created_at=datetime.now(timezone.utc),
+            producer=producer,
+            signature=signature,
+        )
+        record = IndexRecord(
+            namespace=namespace,
+            kind=entry_kind(layer),
+            key=key,
+            digest=info.sha256,
+            size=info.size,
+            meta=info.model_dump_json(),
+            created_at=info.created_at.timestamp(),
+        )
+        replaceable = None if supersede is None else (lambda existing: supersede(EntryInfo.model_validate_json(existing.meta)))
+        result = self._quarantine.commit(layer, record, data, replaceable)
+        return EntryInfo.model_validate_json(result.meta), result.created
+
+    def _record(self, namespace: str, layer: str, key: str) -> IndexRecord:
+        return self._quarantine.stored(namespace, entry_kind(layer), layer, key, f"{layer} entry {key}")
+
+    def info(self, namespace: str, layer: str, key: str) -> EntryInfo:
+        return EntryInfo.model_validate_json(self._record(namespace, layer, key).meta)
+
+    def listing(self, namespace: str, layer: str, after: str, prefix: str, limit: int) -> list[EntryInfo]:
+        records = self._index.list(namespace, entry_kind(layer), after=after, prefix=prefix, limit=limit)
+        return [EntryInfo.model_validate_json(r.meta) for r in records]
+
+    def delete(self, namespace: str, layer: str, key: str) -> None:
+        kind = entry_kind(layer)
+        record = self._index.get(namespace, kind, key)
+        if record is None or not self._references.drop(record):
+            raise NotFound(f"{kind} {key}")
+
+    def read(self, namespace: str, layer: str, key: str) -> tuple[EntryInfo, bytes]:
+        record = self._record(namespace, layer, key)
+        data = self._commits.read(record)
+        self._access.record(namespace, record.kind, [key])
+        return EntryInfo.model_validate_json(record.meta), data
+
+    def download_url(self, namespace: str, layer: str, key: str, expires_s: int) -> tuple[EntryInfo, str | None]:
+        """An entry's metadata and a presigned URL of its bytes where the blob store makes them
+        (S3), else None (quarantined and missing entries raise as :meth:`open` does)."""
+        record = self._record(namespace, layer, key)
+        url = self._blobs.presigned_get_url(record.digest, expires_s)
+        if url is not None:
+            self._access.record(namespace, record.kind, [key])
+        return EntryInfo.model_validate_json(record.meta), url
+
+    def open(self, namespace: str, layer: str, key: str) -> tuple[EntryInfo, BlobStream]:
+        """:meth:`read`, streamed (the caller closes the stream)."""
+        record = self._record(namespace, layer, key)
+        stream = self._commits.open(record)
+        self._access.record(namespace, record.kind, [key])
+        return EntryInfo.model_validate_json(record.meta), stream
