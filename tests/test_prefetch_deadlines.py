@@ -38,10 +38,12 @@ LAYER = "fx-graph"
 PROMISED = "pt2:fx-graph-v1::prefetch-deadlines:c1"
 ABSENT = "pt2:fx-graph-v1::prefetch-deadlines-absent:c1"
 DATA = b"an fx-graph entry the workload promises " * 100
-CONNECT_S, READ_S = 0.5, 2.0  # the client's defaults: the compile path's deadlines
-# The proxy holds the view at least this long, so the on-path read deadline would have fired
-# whatever the machine's load (load only makes the hold longer).
-HOLD_S = 1.5 * READ_S
+# The compile path's deadlines: the read deadline above the 2 s default, as the prefetch's
+# download of the promised entry keeps it and a loaded machine's service answered slower.
+CONNECT_S, READ_S = 0.5, 4.0
+# The proxy holds the view at least this long after it arrived, so the on-path read deadline
+# (which started before) would have fired whatever the machine's load.
+HOLD_S = READ_S + 0.5
 # KCACHE_PREFETCH_WAIT_S here: far above the on-path deadline, so a compile that waited for the
 # held manifest by this bound (not by the on-path one) is told apart from one that did not.
 WAIT_S = 120.0
@@ -90,7 +92,7 @@ def test_a_slow_manifest_delays_the_prefetch_and_never_the_compile(live_service,
     """Before: the view was asked for under the 2 s read deadline, failed (``kcache: workload
     prefetch failed: ... ReadTimeout``) and nothing was prefetched. Now it arrives late and the
     prefetch goes on; a compile meanwhile waited for it only as long as for its own request."""
-    writer = KcacheClient(ClientConfig(url=live_service.url))
+    writer = KcacheClient(ClientConfig(url=live_service.url, read_timeout_s=HANG_S))  # the test's own calls: a hang guard
     writer.put_entry(LAYER, PROMISED, DATA)
     publish(writer, WORKLOAD, set(), {(LAYER, PROMISED)})
     monkeypatch.delenv(PREFETCH_OWNER_ENV, raising=False)  # this process may prefetch
