@@ -54,7 +54,7 @@ def test_a_forked_child_runs_its_own_runtime_and_hands_over_at_exit(live_service
     from kcache.config import ClientConfig
     from kcache.http import KcacheClient
 
-    client = KcacheClient(ClientConfig(url=live_service.url))
+    client = KcacheClient(ClientConfig(url=live_service.url, read_timeout_s=HANG_S))
     for key in ("from-the-parent", "from-a-multiprocessing-child", "from-a-forked-child"):
         data, _ = client.get_entry("jit", key)
         assert data[:1] in (b"p", b"c"), key

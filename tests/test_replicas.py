@@ -191,7 +191,7 @@ def published(fleet: Fleet) -> bytes:
     r = httpx.put(f"{writer}/v1/{PREFETCH_NS}/entries/fx-graph/e1", content=entry, timeout=HANG_S,
                   headers={"Content-Type": "application/octet-stream", wire.COMPILE_TIME: "7.250"})
     assert r.status_code in (200, 201), r.text
-    client = KcacheClient(ClientConfig(url=writer, namespace=PREFETCH_NS))
+    client = KcacheClient(ClientConfig(url=writer, namespace=PREFETCH_NS, read_timeout_s=HANG_S))
     publish(client, WORKLOAD, {k.key for k in fleet.kernels}, {("fx-graph", "e1")})
     client.close()
     return entry
@@ -200,7 +200,7 @@ def published(fleet: Fleet) -> bytes:
 def test_prefetch_through_a_presigned_replica_takes_the_bytes_from_s3(fleet: Fleet, published: bytes, tmp_path: Path) -> None:
     replica = fleet.presigned
     before = _sent(replica)
-    client = KcacheClient(ClientConfig(url=replica.url, namespace=PREFETCH_NS))
+    client = KcacheClient(ClientConfig(url=replica.url, namespace=PREFETCH_NS, read_timeout_s=HANG_S))
     local = LocalEntryStore(tmp_path, PREFETCH_NS, url=replica.url)
     view = fetch_view(client, WORKLOAD)
     assert view is not None and client.presigned_downloads

@@ -78,7 +78,9 @@ def keys(tmp_path_factory: pytest.TempPathFactory) -> dict[str, KeyPair]:
 
 
 def runtime(url: str, tmp: Path, name: str, **options: Any) -> Runtime:
-    return Runtime(ClientConfig(url=url, local_dir=str(tmp / name), **options))
+    # The test's producers and consumer are about signing, not deadlines: a loaded machine's service
+    # answered an upload slower than the 2 s default.
+    return Runtime(ClientConfig(url=url, local_dir=str(tmp / name), **{"read_timeout_s": HANG_S, **options}))
 
 
 @pytest.fixture
@@ -119,7 +121,7 @@ def test_a_consumer_trusting_a_takes_as_entries_and_refuses_bs_and_unsigned_ones
     producer_b.put_entry(layer, key_b, payload, now=True)
     plain.put_entry(layer, key_unsigned, payload, now=True)
     assert [rt.stats.snapshot()[layer].puts for rt in (producer_a, producer_b, plain)] == [1, 1, 1]
-    stored = KcacheClient(ClientConfig(url=url)).get_entry(layer, key_a)[0]
+    stored = KcacheClient(ClientConfig(url=url, read_timeout_s=HANG_S)).get_entry(layer, key_a)[0]
     assert stored.startswith(envelope.MAGIC) and stored.endswith(payload)
 
     assert consumer.get_entry(layer, key_a) == payload
@@ -252,7 +254,7 @@ def test_hmac_still_signs_now_with_provenance_and_reads_kcache_01_entries(
     runtimes += [producer, consumer, outsider, unconfigured]
     payload = b'{"triton.Config": {"XBLOCK": 128}, "time_taken_ms": 9}'
     producer.put_entry(layer, "pt2:autotune-v1::h1:c1", payload, now=True)
-    stored = KcacheClient(ClientConfig(url=url)).get_entry(layer, "pt2:autotune-v1::h1:c1")[0]
+    stored = KcacheClient(ClientConfig(url=url, read_timeout_s=HANG_S)).get_entry(layer, "pt2:autotune-v1::h1:c1")[0]
     header = envelope.parse(stored).header
     assert header.alg == "hmac-sha256" and header.provenance.run_id == "hmac-run"
     assert secret.encode() not in stored and header.key_id == envelope.hmac_key_id(secret.encode())
@@ -266,7 +268,7 @@ def test_hmac_still_signs_now_with_provenance_and_reads_kcache_01_entries(
     # Entries kcache 0.1 stored (write-once: they stay) keep verifying with the same secret.
     legacy_key = "pt2:autotune-v1::legacy:c1"
     legacy = LEGACY_HMAC_MAGIC + _legacy_mac(secret.encode(), layer, legacy_key, payload) + payload
-    KcacheClient(ClientConfig(url=url)).put_entry(layer, legacy_key, legacy)
+    KcacheClient(ClientConfig(url=url, read_timeout_s=HANG_S)).put_entry(layer, legacy_key, legacy)
     assert consumer.get_entry(layer, legacy_key) == payload
     assert outsider.get_entry(layer, legacy_key) is None
 
@@ -469,7 +471,7 @@ def test_inductor_recompiles_rather_than_unpickle_a_graph_no_trusted_key_signed(
     produced = run_node(tmp_path, "producer", url, KCACHE_SIGNING_PRIVATE_KEY=str(keys["a"].private),
                         KCACHE_WORKLOAD="signed", KCACHE_RUN_ID="ci-signed-1", **lean)
     assert produced["stats"]["fx-graph"]["puts"] == 1 and produced["stats"]["aot-autograd"]["puts"] == 1
-    client = KcacheClient(ClientConfig(url=url))
+    client = KcacheClient(ClientConfig(url=url, read_timeout_s=HANG_S))
     view = client.get_json("/v1/default/workloads/signed")
     fx_key = next(e["key"] for e in view["entries"] if e["layer"] == "fx-graph")
     stored = client.get_entry("fx-graph", fx_key)[0]
@@ -494,7 +496,7 @@ def test_inductor_recompiles_rather_than_unpickle_a_graph_no_trusted_key_signed(
     forger = EntrySigning.from_config(ClientConfig(signing_private_key=str(keys["b"].private)))
     assert forger is not None
     poisoned = forger.seal("fx-graph", fx_key, fx_graph_entries.encode(inductor_json) or b"")
-    KcacheClient(ClientConfig(url=url, namespace="poisoned")).put_entry("fx-graph", fx_key, poisoned)
+    KcacheClient(ClientConfig(url=url, namespace="poisoned", read_timeout_s=HANG_S)).put_entry("fx-graph", fx_key, poisoned)
     victim = run_node(tmp_path, "victim", url, KCACHE_NAMESPACE="poisoned", KCACHE_TRUSTED_KEYS=a_public, **lean)
     assert not marker.exists()
     assert victim["fx"].get("fxgraph_cache_miss") == 1 and not victim["fx"].get("fxgraph_cache_hit")
