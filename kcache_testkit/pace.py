@@ -43,9 +43,3 @@ def bound(protocol_s: float, probes: float, reference_s: float | None = None) ->
 # long the job may take. A job that takes 30 s idle took over 300 s at load 12 on 2 cores, so the
 # guard sits far above any loaded run, under pytest-timeout's 1800 s (the suite's backstop).
 HANG_S = 1500.0
-
-# Client deadlines for an in-process Runtime whose test is about something else (signing, layers,
-# stats): the default read deadline (2 s) is the right fail-open bound for a job, but a put that a
-# loaded CI machine answers in 3 s then counts as an error instead of a put, and the test fails on
-# the machine's speed, not on the behaviour it checks. Tests *of* deadlines set their own.
-PATIENT_DEADLINES: dict[str, float] = {"connect_timeout_s": 10.0, "read_timeout_s": 60.0}

@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx
 
+from kcache_testkit.pace import HANG_S
 from kcache_testkit.ports import HOST, free_port, kill, wait_until
 
 REPO = Path(__file__).resolve().parent.parent
@@ -83,13 +84,13 @@ class ServerProcess:
                                          env=self.env, cwd=REPO, start_new_session=True)
         return self
 
-    def wait_ready(self, timeout: float = 60.0) -> ServerProcess:
+    def wait_ready(self, timeout: float = HANG_S) -> ServerProcess:
         wait_until(f"kcache serve :{self.port}",
                    lambda: httpx.get(f"{self.url}{self.ready_path}", timeout=5).status_code == 200,
                    timeout, self.proc, self.log)
         return self
 
-    def start(self, timeout: float = 60.0) -> ServerProcess:
+    def start(self, timeout: float = HANG_S) -> ServerProcess:
         for _attempt in range(3):  # a port picked free may be taken before uvicorn binds it
             self.launch()
             try:
@@ -113,7 +114,7 @@ class ServerProcess:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
 
     def client(self, **kw: Any) -> httpx.Client:
-        return httpx.Client(base_url=self.url, timeout=30.0, **kw)
+        return httpx.Client(base_url=self.url, timeout=HANG_S, **kw)
 
     def __enter__(self) -> ServerProcess:
         return self.start()

@@ -15,6 +15,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from kcache_testkit.pace import HANG_S
 from kcache_testkit.ports import HOST, free_ports, kill, wait_until
 
 S3_ACCESS_KEY = "kcache-test-access"
@@ -116,7 +117,7 @@ class SeaweedFS(_OwnedServer):
             "-master.resumeState=false",
         ]
 
-    def start(self, timeout: float = 60) -> SeaweedFS:
+    def start(self, timeout: float = HANG_S) -> SeaweedFS:
         self.data.mkdir(parents=True, exist_ok=True)
         identities = {"identities": [{
             "name": "kcache-test",
@@ -133,7 +134,7 @@ class SeaweedFS(_OwnedServer):
         wait_until("SeaweedFS S3", lambda: client.list_buckets() is not None, timeout, self.proc, self.log)
         return self
 
-    def wait_writable(self, bucket: str, timeout: float = 60) -> None:
+    def wait_writable(self, bucket: str, timeout: float = HANG_S) -> None:
         """Wait until an object can be written: the volume server registers after the S3 port opens."""
         client = self.client()
         wait_until(
@@ -142,7 +143,7 @@ class SeaweedFS(_OwnedServer):
             timeout, self.proc, self.log,
         )
 
-    def wait_serving(self, bucket: str, timeout: float = 60) -> None:
+    def wait_serving(self, bucket: str, timeout: float = HANG_S) -> None:
         """Wait until objects can be written and read back (volume servers registered)."""
         client = self.client()
         self.wait_writable(bucket, timeout)
@@ -152,7 +153,7 @@ class SeaweedFS(_OwnedServer):
             timeout, self.proc, self.log,
         )
 
-    def restart(self, timeout: float = 60) -> None:
+    def restart(self, timeout: float = HANG_S) -> None:
         self.stop()
         self.start(timeout)
 
@@ -200,7 +201,7 @@ class RedisServer(_OwnedServer):
     def url(self) -> str:
         return f"redis://{HOST}:{self.port}/0"
 
-    def start(self, timeout: float = 20) -> RedisServer:
+    def start(self, timeout: float = HANG_S) -> RedisServer:
         self.root.mkdir(parents=True, exist_ok=True)
         cmd = [
             binary("redis-server"), "--port", str(self.port), "--bind", HOST,
@@ -250,7 +251,7 @@ class RedisClusterServers:
     def url(self) -> str:
         return "redis+cluster://" + ",".join(f"{HOST}:{n.port}" for n in self.nodes)
 
-    def start(self, timeout: float = 60) -> RedisClusterServers:
+    def start(self, timeout: float = HANG_S) -> RedisClusterServers:
         for node in self.nodes:
             node.start()
         create = subprocess.run(

@@ -16,15 +16,17 @@ T0 = time.perf_counter()
 
 from kcache.current import get_runtime  # noqa: E402
 
+from kcache_testkit.pace import HANG_S  # noqa: E402
+
 report: dict[str, object] = {}
 if os.environ.get("KCACHE_WORKLOAD") and os.environ.get("PROBE_PREFETCH") == "1":
     # Observe the prefetcher before anything asks for a kernel or an entry.
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + HANG_S  # hang guards: a loaded machine starts and prefetches slower
     while get_runtime() is None and time.monotonic() < deadline:
         time.sleep(0.01)
     rt = get_runtime()
     assert rt is not None and rt.prefetcher is not None
-    rt.prefetcher.done.wait(60)
+    rt.prefetcher.done.wait(HANG_S)
     view = rt.prefetcher.view
     promised = view.kernels if view is not None else []
     report["prefetched_kernels"] = sorted(k for k in promised if rt.local.get("kernel", k) is not None)

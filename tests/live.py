@@ -15,6 +15,7 @@ import uvicorn
 from kcache_server.app import create_app
 from kcache_server.settings import Settings
 
+from kcache_testkit.pace import HANG_S
 from kcache_testkit.ports import free_port
 
 
@@ -34,7 +35,7 @@ class LiveService:
 
     def __enter__(self) -> LiveService:
         self.thread.start()
-        deadline = time.monotonic() + 15
+        deadline = time.monotonic() + HANG_S  # a hang guard: a loaded machine starts it slower
         while time.monotonic() < deadline:
             try:
                 if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:

@@ -28,6 +28,7 @@ from typing import Any
 
 import pytest
 
+from kcache_testkit.pace import HANG_S
 from kcache_testkit.ports import HOST, wait_until
 from kcache_testkit.storage_servers import (
     S3_ACCESS_KEY,
@@ -61,7 +62,7 @@ def ensure_shared_redis() -> str:
              "--dir", "/var/lib/redis", "--logfile", "/var/log/redis/ci.log"],
             check=True, timeout=30,
         )
-        wait_until("shared redis :6379", lambda: redis_ping(SHARED_REDIS_PORT), 20)
+        wait_until("shared redis :6379", lambda: redis_ping(SHARED_REDIS_PORT), HANG_S)
     return f"redis://{HOST}:{SHARED_REDIS_PORT}/0"
 
 

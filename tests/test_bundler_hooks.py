@@ -57,7 +57,7 @@ def test_collect_uploads_every_kernel_in_the_background(live_service, real_kerne
         kcache.uninstall()
     # Uninstall restores Inductor's own methods exactly.
     assert all(TritonBundler.__dict__[n] is originals[n] for n in originals)
-    client = KcacheClient(ClientConfig(url=live_service.url))
+    client = KcacheClient(ClientConfig(url=live_service.url, read_timeout_s=HANG_S))
     assert client.missing([d.name for d in real_kernel_dirs]) == []
     # The service holds exactly what collect() produced ([REPLACE] form), byte for byte.
     for ka in bundle.kernel_artifacts:
@@ -138,7 +138,7 @@ def test_a_kernel_hit_credits_the_producers_compile_time(live_service, real_kern
         assert node.fetch_kernel(d.name, tmp_path / "triton") is not None
     stats = node.stats.snapshot()["kernel"]
     assert stats.hits == len(real_kernel_dirs)
-    produced = sum(KcacheClient(ClientConfig(url=live_service.url)).manifest(d.name).producer.compile_time_s or 0 for d in real_kernel_dirs)
+    produced = sum(KcacheClient(ClientConfig(url=live_service.url, read_timeout_s=HANG_S)).manifest(d.name).producer.compile_time_s or 0 for d in real_kernel_dirs)
     assert produced > 0 and stats.saved_s == pytest.approx(produced, rel=1e-3)
     node.close()
 
@@ -198,7 +198,7 @@ def test_a_warm_node_keeps_its_kernel_dirs_and_a_truncated_one_is_repaired(real_
 
 
 def _kernels_in(url: str, namespace: str, keys: list[str]) -> list[str]:
-    client = KcacheClient(ClientConfig(url=url, namespace=namespace))
+    client = KcacheClient(ClientConfig(url=url, namespace=namespace, read_timeout_s=HANG_S))
     try:
         return sorted(set(keys) - set(client.missing(keys)))
     finally:

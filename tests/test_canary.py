@@ -28,6 +28,7 @@ from kcache.store.counters import load_stats
 from kcache_schemas.unsound_reports import UnsoundReport
 
 from kcache_testkit.nodes import Node
+from kcache_testkit.pace import HANG_S
 
 pytestmark = pytest.mark.torch
 pytest_plugins = ["live"]
@@ -47,7 +48,7 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 def run(node: Node, url: str, namespace: str, **env: str) -> tuple[dict[str, Any], Path]:
     stats = node.root / "stats.json"
     proc = subprocess.run(
-        [sys.executable, str(JOB)], capture_output=True, text=True, cwd=node.root, timeout=600, stdin=subprocess.DEVNULL,
+        [sys.executable, str(JOB)], capture_output=True, text=True, cwd=node.root, timeout=HANG_S, stdin=subprocess.DEVNULL,
         env=node.env(KCACHE_URL=url, KCACHE_NAMESPACE=namespace, KCACHE_STATS_FILE=str(stats), **env),
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -61,7 +62,7 @@ def findings(stats: Path) -> dict[str, dict[str, int]]:
 
 
 def unsound_metric(url: str, layer: str) -> float:
-    for line in httpx.get(f"{url}/metrics").text.splitlines():
+    for line in httpx.get(f"{url}/metrics", timeout=HANG_S).text.splitlines():
         if line.startswith(f'kcache_unsound_keys_total{{layer="{layer}"}}'):
             return float(line.split()[-1])
     raise AssertionError("kcache_unsound_keys_total missing")
@@ -98,12 +99,12 @@ def test_an_fx_key_without_a_codegen_setting_is_served_wrong_code_until_the_cana
     [(finding, count)] = findings(stats)["unsound"].items()
     assert finding == "fx-graph: unsound key: own compile differs from the entry in generated code" and count == 1
     assert unsound_metric(url, "fx-graph") == 1
-    [listed] = httpx.get(f"{url}/v1/{ns}/unsound").json()["items"]
+    [listed] = httpx.get(f"{url}/v1/{ns}/unsound", timeout=HANG_S).json()["items"]
     report = UnsoundReport.model_validate(listed)
     assert report.key.startswith("pt2:fx-graph-v1::") and report.producer is not None
     assert [(s.name, s.stored, s.wanted) for s in report.suspects] == [(f"inductor_config[{DROPPED}]", "accuracy", "None")]
     assert any("clamp_min" in line for line in report.output_diff), report.output_diff  # own: the real relu
-    quarantine = httpx.get(f"{url}/v1/{ns}/entries/fx-graph/{report.key}/quarantine").json()
+    quarantine = httpx.get(f"{url}/v1/{ns}/entries/fx-graph/{report.key}/quarantine", timeout=HANG_S).json()
     assert quarantine["reason"].startswith("unsound key")
 
     # Node C, without the canary, is not served the entry: it compiles its own code.
@@ -133,7 +134,7 @@ def test_a_triton_key_without_num_warps_is_served_another_kernel_until_the_canar
     audited, stats = run(Node(tmp_path / "b2"), url, ns, KERNEL_NUM_WARPS="8", KCACHE_CANARY="1", **kernel)
     assert audited == {"key": first["key"], "num_warps": 8}  # its own kernel
     assert list(findings(stats)) == ["unsound"]
-    [listed] = httpx.get(f"{url}/v1/{ns}/unsound").json()["items"]
+    [listed] = httpx.get(f"{url}/v1/{ns}/unsound", timeout=HANG_S).json()["items"]
     report = UnsoundReport.model_validate(listed)
     assert [(s.name, s.stored, s.wanted) for s in report.suspects] == [("options[num_warps]", "4", "8")]
     assert unsound_metric(url, "kernel") == 1

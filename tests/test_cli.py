@@ -119,10 +119,10 @@ def test_pin_of_an_unknown_workload_is_refused_unless_ahead(capsys: pytest.Captu
     remote = ("--url", live_service.url)
     rc, out, err = cli(capsys, "pin", "nosuchworkload", *remote)
     assert rc == 1 and out == "" and "no workload 'nosuchworkload' in namespace 'default'" in err and "--ahead" in err
-    assert httpx.get(f"{live_service.url}/v1/default/pins").json()["items"] == []
+    assert httpx.get(f"{live_service.url}/v1/default/pins", timeout=HANG_S).json()["items"] == []
     assert cli(capsys, "pin", "later", "--ahead", *remote)[0] == 0
     manifest = WorkloadManifest(name="serving", fingerprint=EnvFingerprint(torch="2.13.0"), kernels=[])
-    assert httpx.put(f"{live_service.url}/v1/default/workloads/serving", json=manifest.model_dump(mode="json")).status_code == 201
+    assert httpx.put(f"{live_service.url}/v1/default/workloads/serving", json=manifest.model_dump(mode="json"), timeout=HANG_S).status_code == 201
     rc, out, _ = cli(capsys, "pin", "serving", *remote)
     assert rc == 0 and "pinned workload 'serving'" in out
     rc, _, err = cli(capsys, "pin", *remote)
@@ -223,7 +223,7 @@ def test_gc_durations_need_units_and_nothing_is_deleted_without_yes(
     assert cli(capsys, "push", str(cache_dir), *remote)[0] == 0
 
     def stored() -> int:
-        return len(httpx.get(f"{live_service.url}/v1/default/kernels").json()["items"])
+        return len(httpx.get(f"{live_service.url}/v1/default/kernels", timeout=HANG_S).json()["items"])
 
     for flag in ("--older-than", "--min-age"):
         rc, _, err = cli(capsys, "gc", *remote, flag, "7")
@@ -355,7 +355,7 @@ AUTOTUNE_STORED = "pt2:3b8e0c1f::triton_poi_fused_add_0:c1"  # an id that is a h
 
 def _put_entries(url: str) -> None:
     for layer, key in (("fx-graph", FX_STORED), ("autotune", AUTOTUNE_STORED), ("key-components", f"fx-graph.{FX_KEY}")):
-        assert httpx.put(f"{url}/v1/default/entries/{layer}/{key}", content=f"{layer} bytes".encode()).status_code == 201
+        assert httpx.put(f"{url}/v1/default/entries/{layer}/{key}", content=f"{layer} bytes".encode(), timeout=HANG_S).status_code == 201
 
 
 def test_an_entry_key_any_command_prints_is_accepted_by_every_command(capsys: pytest.CaptureFixture[str], live_service) -> None:  # type: ignore[no-untyped-def]
@@ -414,7 +414,7 @@ def test_rm_deletes_only_after_yes_and_nothing_when_a_key_is_wrong(
     base = f"{live_service.url}/v1/default"
 
     def stored(key: str) -> bool:
-        return httpx.head(f"{base}/kernels/{key}").status_code == 200
+        return httpx.head(f"{base}/kernels/{key}", timeout=HANG_S).status_code == 200
 
     rc, out, err = cli(capsys, "rm", keys[0], *remote)  # stdin is no terminal here
     assert rc == 1 and f"delete  kernel {keys[0]}" in out and "nothing deleted: pass --yes to delete 1 kernel (" in err and stored(keys[0])
@@ -434,7 +434,7 @@ def test_rm_deletes_only_after_yes_and_nothing_when_a_key_is_wrong(
     assert rc == 0 and "deleted 1 kernel (" in out and not stored(keys[0]) and stored(keys[1])
     rc, out, _ = cli(capsys, "delete", "--entry", "fx-graph", FX_KEY, "--yes", *remote)  # the short form ls printed
     assert rc == 0 and f"delete  fx-graph {FX_KEY}" in out and "deleted 1 fx-graph entry" in out
-    assert httpx.head(f"{base}/entries/fx-graph/{FX_STORED}").status_code == 404
+    assert httpx.head(f"{base}/entries/fx-graph/{FX_STORED}", timeout=HANG_S).status_code == 404
     rc, _, err = cli(capsys, "rm", "--entry", "fx-graph", FX_KEY, "--yes", *remote)
     assert rc == 1 and f"no fx-graph entry {FX_KEY}" in err
 
@@ -554,7 +554,7 @@ def test_warm_shows_progress_on_a_terminal_and_gc_shows_the_wait(monkeypatch: py
     assert cli(capsys, "push", str(cache_dir), *remote)[0] == 0
     keys = sorted(d.name for d in cache_dir.iterdir())
     manifest = WorkloadManifest(name="serving", fingerprint=current(), kernels=keys)
-    assert httpx.put(f"{live_service.url}/v1/default/workloads/serving", json=manifest.model_dump(mode="json")).status_code == 201
+    assert httpx.put(f"{live_service.url}/v1/default/workloads/serving", json=manifest.model_dump(mode="json"), timeout=HANG_S).status_code == 201
     terminal = _Terminal()
     monkeypatch.setattr(sys, "stderr", terminal)
     assert main(["warm", "serving", "--local-dir", str(tmp_path / "local"), *remote]) == 0

@@ -211,7 +211,7 @@ def test_ed25519_keys_without_cryptography_refuse_every_entry_upload_none_and_wa
     assert report["fx"]["error_kinds"] == {"unavailable": 2, "signing_unavailable": 1}
     assert proc.stderr.count("kcache:") == 1 and "pip install cryptography" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
-    assert httpx.head(f"{service.url}/v1/default/entries/fx-graph/pt2:fx-graph-v1::would-be-unsigned:c1").status_code == 404
+    assert httpx.head(f"{service.url}/v1/default/entries/fx-graph/pt2:fx-graph-v1::would-be-unsigned:c1", timeout=HANG_S).status_code == 404
 
     keygen = run(client_venv, "kcache", "keygen", "--out", str(tmp_path / "new"), cwd=tmp_path)
     assert keygen.returncode == 2 and "pip install cryptography" in keygen.stderr and not (tmp_path / "new.key").exists()

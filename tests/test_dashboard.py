@@ -25,7 +25,19 @@ from kcache_schemas.pack import pack_kernel_dir, read_pack
 from kcache_server.app import create_app
 from kcache_server.settings import Settings
 
+from kcache_testkit.pace import HANG_S
+
 pytest_plugins = ["live"]
+
+
+def _patient(page: Any) -> Any:
+    """``page`` with its waits (actions, locators, ``expect``) as hang guards, not bounds:
+    chromium renders far slower on a loaded machine than playwright's 5 and 30 s defaults allow."""
+    from playwright.sync_api import expect
+
+    page.set_default_timeout(HANG_S * 1000)
+    expect.set_options(timeout=HANG_S * 1000)
+    return page
 
 READ_TOKEN = "dash-read-token-0123456789"
 WRITE_TOKEN = "dash-write-token-0123456789"
@@ -223,10 +235,10 @@ def test_dashboard_in_chromium(tmp_path: Path, real_kernel_dirs: list[Path]) -> 
     retention = json.dumps({"default": {"soft_limit": "1MB", "hard_limit": "2MB", "ttl": "30d"}, "gc_interval": "1h"})
     with LiveService(tmp_path / "svc", tokens=TOKENS, producer_keys=json.dumps({"default": [public_line]}), retention=retention) as svc:
         signed = signing.seal("fx-graph", entry_key, b"a pickled graph")
-        assert httpx.put(f"{svc.url}/v1/default/entries/fx-graph/{entry_key}", content=signed, headers=write).status_code == 201
+        assert httpx.put(f"{svc.url}/v1/default/entries/fx-graph/{entry_key}", content=signed, headers=write, timeout=HANG_S).status_code == 201
         packs = {d.name: pack_kernel_dir(d)[1] for d in real_kernel_dirs}
         for key, pack in packs.items():
-            assert httpx.put(f"{svc.url}/v1/default/kernels/{key}", content=pack, headers=write).status_code == 201
+            assert httpx.put(f"{svc.url}/v1/default/kernels/{key}", content=pack, headers=write, timeout=HANG_S).status_code == 201
         keys = sorted(packs)
         # A key a node's canary found unsound (kcache.layers.key_canary): listed with what differed and the suspects.
         from kcache_schemas.key_diff import Change, KeyComponents
@@ -236,9 +248,9 @@ def test_dashboard_in_chromium(tmp_path: Path, real_kernel_dirs: list[Path]) -> 
         unsound = UnsoundReport(layer="kernel", key=keys[0], compared="kernel files", served_digest="a" * 64, own_digest="b" * 64,
                                 output_diff=["--- served/scale.ttgir", "+++ own/scale.ttgir"], producer=recorded, consumer=recorded,
                                 suspects=[Change(name="options[num_warps]", stored="4", wanted="8")])
-        assert httpx.put(f"{svc.url}/v1/default/unsound/kernel/{keys[0]}", content=unsound.model_dump_json(), headers=write).status_code == 201
+        assert httpx.put(f"{svc.url}/v1/default/unsound/kernel/{keys[0]}", content=unsound.model_dump_json(), headers=write, timeout=HANG_S).status_code == 201
         for _ in range(2):
-            assert httpx.get(f"{svc.url}/v1/default/kernels/{keys[0]}", headers=read).status_code == 200
+            assert httpx.get(f"{svc.url}/v1/default/kernels/{keys[0]}", headers=read, timeout=HANG_S).status_code == 200
         now = time.time()
         runs = [
             ("ci-1", report("rank0-aaaaaaaa", ended=now - 7200, hits=2, misses=6)),
@@ -253,8 +265,8 @@ def test_dashboard_in_chromium(tmp_path: Path, real_kernel_dirs: list[Path]) -> 
                           verification={"fetched_unused": {"fx-graph: prefetched, never asked for": 2}},
                           missed=[{"layer": "fx-graph", "key": "fmissed0123", "reason": "not_found"}])
         for run_id, body in runs:
-            assert httpx.post(f"{svc.url}/v1/default/runs/{run_id}/stats", json=body, headers=write).status_code == 201
-        time.sleep(0.5)  # access counts flush every 0.2 s
+            assert httpx.post(f"{svc.url}/v1/default/runs/{run_id}/stats", json=body, headers=write, timeout=HANG_S).status_code == 201
+        svc.server.config.app.state.store.access.flush()  # the two reads count for "top hits" now, not at the next flush
 
         console: list[str] = []
         failed: list[tuple[int, str]] = []
@@ -262,7 +274,7 @@ def test_dashboard_in_chromium(tmp_path: Path, real_kernel_dirs: list[Path]) -> 
             browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
             try:
                 # The page runs under its own CSP (no eval): waits use locators, not wait_for_function.
-                page = browser.new_page(viewport={"width": 1280, "height": 1000}, accept_downloads=True)
+                page = _patient(browser.new_page(viewport={"width": 1280, "height": 1000}, accept_downloads=True))
                 page.on("console", lambda m: console.append(f"{m.type}: {m.text}") if m.type == "error" and "Failed to load resource" not in m.text else None)
                 page.on("response", lambda r: failed.append((r.status, r.url.removeprefix(svc.url))) if r.status >= 400 else None)
                 page.on("pageerror", lambda e: console.append(f"pageerror: {e}"))
@@ -394,7 +406,7 @@ def test_api_docs_render_in_chromium_with_no_network(tmp_path: Path) -> None:
     with LiveService(tmp_path / "svc") as svc, sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
-            page = browser.new_page()
+            page = _patient(browser.new_page())
             foreign: list[str] = []
 
             def offline(route: Any) -> None:
@@ -406,7 +418,7 @@ def test_api_docs_render_in_chromium_with_no_network(tmp_path: Path) -> None:
 
             page.route("**/*", offline)
             page.goto(f"{svc.url}/docs")
-            expect(page.locator(".opblock").first).to_be_visible(timeout=30_000)
+            expect(page.locator(".opblock").first).to_be_visible()
             assert page.locator(".opblock").count() > 20
             assert foreign == []
         finally:
@@ -423,11 +435,11 @@ def test_chart_time_labels_are_as_fine_as_the_runs_need_and_never_repeat(tmp_pat
         now = time.time()
         for i, ago in enumerate((170, 110, 50)):  # three runs within three minutes
             body = report(f"r{i}-aaaaaaaa", ended=now - ago, hits=i + 1, misses=1)
-            assert httpx.post(f"{svc.url}/v1/default/runs/ci-{i}/stats", json=body).status_code == 201
+            assert httpx.post(f"{svc.url}/v1/default/runs/ci-{i}/stats", json=body, timeout=HANG_S).status_code == 201
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
             try:
-                page = browser.new_page()
+                page = _patient(browser.new_page())
                 page.goto(f"{svc.url}/ui")
                 page.wait_for_selector("body[data-loaded='1']")
                 labels = page.locator("#hitrate-svg text.tick").all_text_contents()

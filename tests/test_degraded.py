@@ -28,7 +28,7 @@ from kcache_server.storage import BackendUnavailable, IndexRecord
 from kcache_server.storage.redis_index import RedisIndex
 from kcache_server.storage.s3_blobs import S3AccessDenied, S3BlobStore
 
-from kcache_testkit.pace import bound
+from kcache_testkit.pace import HANG_S, bound
 from kcache_testkit.ports import free_port, wait_until
 from kcache_testkit.service import ServerProcess, backend_server
 
@@ -178,7 +178,7 @@ class Rig:
 
     def request(self, method: str, path: str, **kw: Any) -> tuple[httpx.Response, float]:
         t0 = time.monotonic()
-        resp = httpx.request(method, f"{self.service.url}{path}", timeout=30, **kw)
+        resp = httpx.request(method, f"{self.service.url}{path}", timeout=HANG_S, **kw)
         return resp, time.monotonic() - t0
 
     def put(self, key: str) -> tuple[httpx.Response, float]:
@@ -188,7 +188,7 @@ class Rig:
     def get(self, key: str) -> tuple[httpx.Response, float]:
         return self.request("GET", f"/v1/{NS}/kernels/{key}")
 
-    def wait_ready(self, timeout: float = 60) -> float:
+    def wait_ready(self, timeout: float = HANG_S) -> float:
         t0 = time.monotonic()
         wait_until("service /readyz", lambda: self.request("GET", "/readyz")[0].status_code == 200,
                            timeout, self.service.proc, self.service.log)
@@ -247,7 +247,7 @@ def _assert_outage(rig: Rig, stored: str, new: str, failing: str) -> None:
         assert resp.status_code == 200 and resp.json()["missing"] == [new] and took < _limit_s()
 
 
-def _retry_put(rig: Rig, key: str, within: float = 30) -> httpx.Response:
+def _retry_put(rig: Rig, key: str, within: float = HANG_S) -> httpx.Response:
     # Right after a restart SeaweedFS's S3 port answers before its volume server has
     # re-registered; writes are 503 (fast) for a moment. Clients retry 503s.
     deadline = time.monotonic() + within

@@ -77,7 +77,7 @@ def test_a_fresh_node_skips_dynamo_with_the_package_another_node_compiled(live_s
     assert not a["kcache_lines"], a["kcache_lines"]
     assert list((tmp_path / "a" / "tmp").glob("torchinductor_*/dynamo/*/entry")), "torch's own local copy"
 
-    client = KcacheClient(ClientConfig(url=live_service.url))
+    client = KcacheClient(ClientConfig(url=live_service.url, read_timeout_s=HANG_S))
     view = client.get_json("/v1/default/workloads/precompiled")
     keys = [e["key"] for e in view["entries"] if e["layer"] == "dynamo"]
     assert len(keys) == 1 and keys[0].startswith("pt2-precompile-v2:")
@@ -251,7 +251,7 @@ def _replace_on_service(client: KcacheClient, key: str, data: bytes) -> None:
 def _populate_and_break(live_service: Any, tmp_path: Path, fleet: dict[str, str]) -> tuple[dict[str, Any], KcacheClient, str]:
     a = run_node(Node(tmp_path / "a"), **fleet)
     assert a["stats"]["dynamo"]["puts"] == 1, a["stats"]
-    client = KcacheClient(ClientConfig(url=live_service.url))
+    client = KcacheClient(ClientConfig(url=live_service.url, read_timeout_s=HANG_S))
     view = client.get_json(f"/v1/default/workloads/{fleet['KCACHE_WORKLOAD']}")
     (key,) = [e["key"] for e in view["entries"] if e["layer"] == "dynamo"]
     good, _ = client.get_entry("dynamo", key)
@@ -384,7 +384,7 @@ def test_a_package_dynamo_traces_again_is_served_to_no_other_node(live_service, 
     fleet = {"KCACHE_URL": live_service.url, "KCACHE_WORKLOAD": "precompiled-retrace"}
     a = run_node(Node(tmp_path / "a"), **fleet)
     assert a["stats"]["dynamo"]["puts"] == 1, a["stats"]
-    client = KcacheClient(ClientConfig(url=live_service.url))
+    client = KcacheClient(ClientConfig(url=live_service.url, read_timeout_s=HANG_S))
     key = _the_package_key(client, "precompiled-retrace")
 
     b = run_node(Node(tmp_path / "b"), DYNAMO_JOB_BATCH="4", **fleet)
@@ -416,7 +416,7 @@ def test_a_package_that_loads_slower_than_it_compiled_is_served_to_no_other_node
     takes the package out of service for the fleet."""
     fleet = {"KCACHE_URL": live_service.url, "KCACHE_WORKLOAD": "precompiled-slow-load"}
     a = run_node(Node(tmp_path / "a"), **fleet)
-    client = KcacheClient(ClientConfig(url=live_service.url))
+    client = KcacheClient(ClientConfig(url=live_service.url, read_timeout_s=HANG_S))
     key = _the_package_key(client, "precompiled-slow-load")
     stored = dynamo_entries.decode(client.get_entry("dynamo", key)[0])
     assert stored.compile_s is not None and stored.compile_s > 0.001

@@ -30,7 +30,7 @@ from kcache_schemas.stats_document import LayerCounts
 
 from kcache_testkit.kernels import Kernel, real_kernels
 from kcache_testkit.netfaults import FaultServer
-from kcache_testkit.pace import bound
+from kcache_testkit.pace import HANG_S, bound
 from kcache_testkit.service import ServerProcess, clean_env
 
 pytestmark = pytest.mark.torch
@@ -281,7 +281,7 @@ def test_uploads_never_block_the_caller_and_close_is_bounded(mode: str, kernels:
         else:  # not known dead (it may just be slow): exit waits, but never past the cap
             assert elapsed < bound(flush, SLACK_PROBES), f"close() took {elapsed:.2f}s, past the {flush}s cap"
         if mode == "refuse":  # fast failures: the uploader accounts for them right after
-            deadline = time.monotonic() + 2
+            deadline = time.monotonic() + HANG_S  # a hang guard: the loop ends with the count
             while kernel_counts(rt).put_errors < len(kernels) and time.monotonic() < deadline:
                 time.sleep(0.02)
         snap = rt.stats.snapshot()
@@ -364,7 +364,7 @@ def test_bundler_hooks_with_a_dead_service(
     assert rt is not None
     assert totals(rt) == {"hits": 0, "misses": 0, "errors": 0}  # nothing was looked up remotely
     if mode == "refuse":  # every upload is counted: failed fast, or dropped at exit
-        deadline = time.monotonic() + 2
+        deadline = time.monotonic() + HANG_S  # a hang guard: the loop ends with the count
         while kernel_counts(rt).put_errors < len(kernels) and time.monotonic() < deadline:
             time.sleep(0.02)
         assert rt.stats.snapshot()["kernel"].put_errors == len(kernels)

@@ -279,9 +279,9 @@ def test_ls_workloads_shows_environment_fingerprints(live_service, capsys: pytes
 def test_workload_put_refuses_a_body_for_another_name(live_service) -> None:
     import httpx
 
-    r = httpx.put(f"{live_service.url}/v1/default/workloads/a", json={"name": "b", "fingerprint": {}})
+    r = httpx.put(f"{live_service.url}/v1/default/workloads/a", json={"name": "b", "fingerprint": {}}, timeout=HANG_S)
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_request"
-    assert httpx.get(f"{live_service.url}/v1/default/workloads/a").status_code == 404  # nothing stored
+    assert httpx.get(f"{live_service.url}/v1/default/workloads/a", timeout=HANG_S).status_code == 404  # nothing stored
 
 
 def test_a_fetched_entry_reaches_the_local_tier_so_the_next_process_needs_no_network(

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from kcache_testkit.pace import HANG_S
 from kcache_testkit.service import clean_env, with_testkit
 
 pytest_plugins = ["live"]
@@ -48,12 +49,12 @@ def test_a_forked_child_runs_its_own_runtime_and_hands_over_at_exit(live_service
     job = tmp_path / "job.py"
     job.write_text(FORK_SCRIPT)
     proc = subprocess.run([sys.executable, str(job), live_service.url], env=with_testkit(clean_env(HOME=str(tmp_path))),
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=HANG_S)
     assert "EXIT 0 0" in proc.stdout, proc.stdout + proc.stderr
     from kcache.config import ClientConfig
     from kcache.transport.http import KcacheClient
 
-    client = KcacheClient(ClientConfig(url=live_service.url))
+    client = KcacheClient(ClientConfig(url=live_service.url, read_timeout_s=HANG_S))
     for key in ("from-the-parent", "from-a-multiprocessing-child", "from-a-forked-child"):
         data, _ = client.get_entry("jit", key)
         assert data[:1] in (b"p", b"c"), key

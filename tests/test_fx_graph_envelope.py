@@ -14,6 +14,8 @@ from kcache.config import ClientConfig
 from kcache.store import fx_graph_envelope as fx
 from kcache.transport.http import KcacheClient
 
+from kcache_testkit.pace import HANG_S
+
 pytestmark = pytest.mark.torch
 
 pytest_plugins = ["live"]
@@ -69,7 +71,7 @@ def test_torch_remote_fx_graph_cache_round_trips_through_the_service(live_servic
         rt = get_runtime()
         assert rt is not None and rt.uploader is not None and rt.uploader.flush(10)
         # Stored as the envelope, credited with Inductor's compile time ...
-        stored, compile_time = KcacheClient(ClientConfig(url=live_service.url)).get_entry("fx-graph", "pt2:fx-graph-v1::abc:c1")
+        stored, compile_time = KcacheClient(ClientConfig(url=live_service.url, read_timeout_s=HANG_S)).get_entry("fx-graph", "pt2:fx-graph-v1::abc:c1")
         assert stored.startswith(fx.MAGIC) and fx.pickled_graph(stored) == pickle.dumps(graph)
         assert compile_time == pytest.approx(4.2)
         # ... and Inductor's own get() still decodes what it put.

@@ -34,6 +34,7 @@ import pytest
 from kcache_schemas.pack import MEDIA_TYPE
 
 from kcache_testkit.kernels import Kernel, large_pack
+from kcache_testkit.pace import HANG_S
 
 pytest.register_assert_rewrite("api_helpers")
 
@@ -116,14 +117,14 @@ READ_BOUND_MIB = 100  # the issue's target for 16 readers of a 48 MiB pack
 def _digest_of(url: str, method: str, path: str, **kw: object) -> tuple[int, str]:
     """Stream one response (the test process must not hold 16 copies either): status, sha256."""
     h = hashlib.sha256()
-    with httpx.Client(base_url=url, timeout=300) as c, c.stream(method, path, **kw) as r:  # type: ignore[arg-type]
+    with httpx.Client(base_url=url, timeout=HANG_S) as c, c.stream(method, path, **kw) as r:  # type: ignore[arg-type]
         for chunk in r.iter_bytes(1 << 20):
             h.update(chunk)
     return r.status_code, h.hexdigest()
 
 
 def _batch_pack_digest(url: str, key: str) -> str:
-    with httpx.Client(base_url=url, timeout=300) as c, c.stream("POST", f"/v1/{NS}/kernels:batch-get", json={"keys": [key]}) as r:
+    with httpx.Client(base_url=url, timeout=HANG_S) as c, c.stream("POST", f"/v1/{NS}/kernels:batch-get", json={"keys": [key]}) as r:
         assert r.status_code == 200
         raw = io.BufferedReader(_Chunks(r.iter_bytes(1 << 20)), 1 << 20)  # type: ignore[arg-type]
         with tarfile.open(fileobj=raw, mode="r|") as tf:
@@ -166,7 +167,7 @@ def test_concurrent_readers_of_a_large_pack_stay_under_the_bound(server: ServerP
     digests = {"pack": hashlib.sha256(pack).hexdigest(), "entry": hashlib.sha256(entry).hexdigest()}
     assert server.proc is not None
     pid, url = server.proc.pid, server.url
-    with httpx.Client(base_url=url, timeout=300) as c:
+    with httpx.Client(base_url=url, timeout=HANG_S) as c:
         assert _put(c, k.key, pack).status_code == 201
         assert c.put(f"/v1/{NS}/entries/fx-graph/big", content=entry).status_code == 201
     del pack, entry

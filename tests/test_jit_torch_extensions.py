@@ -23,6 +23,7 @@ from kcache_schemas import jit  # noqa: E402
 
 from kcache_testkit.cpu_jit import EXTENSION_JOB, JobRun, run_job  # noqa: E402
 from kcache_testkit.nodes import Node  # noqa: E402
+from kcache_testkit.pace import HANG_S  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.torch]
 needs_ninja = pytest.mark.skipif(shutil.which("ninja") is None, reason="torch's extension JIT needs ninja")
@@ -48,7 +49,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
 
 
 def _keys(fleet: Fleet) -> list[str]:
-    view = KcacheClient(ClientConfig(url=fleet.service.url)).get_json(f"/v1/default/workloads/{WORKLOAD}")
+    view = KcacheClient(ClientConfig(url=fleet.service.url, read_timeout_s=HANG_S)).get_json(f"/v1/default/workloads/{WORKLOAD}")
     return [e["key"] for e in view["entries"] if e["layer"] == "jit"]
 
 

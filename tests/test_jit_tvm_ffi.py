@@ -29,6 +29,7 @@ from kcache_schemas.signed_envelope import parse as parse_envelope  # noqa: E402
 
 from kcache_testkit.cpu_jit import TVM_FFI_JOB, JobRun, run_job  # noqa: E402
 from kcache_testkit.nodes import Node  # noqa: E402
+from kcache_testkit.pace import HANG_S  # noqa: E402
 
 pytestmark = [
     pytest.mark.slow,
@@ -46,7 +47,7 @@ class Fleet:
     a: JobRun
 
     def client(self, namespace: str = "default") -> KcacheClient:
-        return KcacheClient(ClientConfig(url=self.service.url, namespace=namespace))
+        return KcacheClient(ClientConfig(url=self.service.url, namespace=namespace, read_timeout_s=HANG_S))
 
     def key(self) -> str:
         view = self.client().get_json(f"/v1/default/workloads/{WORKLOAD}")

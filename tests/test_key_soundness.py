@@ -42,6 +42,7 @@ from api_helpers import (  # noqa: E402
 )
 
 from kcache_testkit.kernels import Kernel  # noqa: E402
+from kcache_testkit.pace import HANG_S  # noqa: E402
 
 pytest_plugins = ["api_helpers", "live"]
 
@@ -262,16 +263,16 @@ def test_a_bad_purge_condition_is_a_clear_error(svc: httpx.Client, where: list[s
 
 
 def test_kcache_purge_shows_the_plan_and_deletes_only_with_yes(live_service, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
-    with httpx.Client(base_url=live_service.url) as c:
+    with httpx.Client(base_url=live_service.url, timeout=HANG_S) as c:
         key = store_compiled(c, "default", parts("fbad", inductor_config__max_autotune="True"), b"graph")
     args = ["purge", "--url", live_service.url, "--where", "inductor_config[max_autotune]=True"]
     assert kcache_main(args) == 1  # not a terminal, no --yes: nothing deleted
     out = capsys.readouterr()
     assert "matched   1 entry" in out.out and key in out.out and "pass --yes" in out.err
     assert kcache_main([*args, "--dry-run"]) == 0
-    assert httpx.get(f"{live_service.url}/v1/default/entries/{FX}/{key}").status_code == 200
+    assert httpx.get(f"{live_service.url}/v1/default/entries/{FX}/{key}", timeout=HANG_S).status_code == 200
     assert kcache_main([*args, "--yes"]) == 0
     assert "deleted   1 entry" in capsys.readouterr().out
-    assert httpx.get(f"{live_service.url}/v1/default/entries/{FX}/{key}").status_code == 404
+    assert httpx.get(f"{live_service.url}/v1/default/entries/{FX}/{key}", timeout=HANG_S).status_code == 404
     assert kcache_main(["purge", "--url", live_service.url, "--where", "nonsense"]) == 2
     assert "is not a condition" in capsys.readouterr().err

@@ -18,6 +18,8 @@ from kcache_server.storage import BackendUnavailable
 from kcache_server.storage.base import KindUsage
 from prometheus_client.parser import text_string_to_metric_families
 
+from kcache_testkit.pace import HANG_S
+
 pytest_plugins = ["live"]
 
 KERNEL_ROUTE = "/v1/{namespace}/kernels/{key}"
@@ -157,7 +159,7 @@ def test_each_app_has_its_own_registry(tmp_path: Path) -> None:
 
 def test_metrics_over_real_http_with_streamed_batch_get(live_service, packs: list[tuple[str, bytes]]) -> None:  # type: ignore[no-untyped-def]
     (k1, p1), (k2, _p2) = packs
-    with httpx.Client(base_url=live_service.url, timeout=10) as c:
+    with httpx.Client(base_url=live_service.url, timeout=HANG_S) as c:
         assert c.put(f"/v1/live/kernels/{k1}", content=p1).status_code == 201
         before = scrape(c)
         with c.stream("POST", "/v1/live/kernels:batch-get", json={"keys": [k1, k2]}) as r:

@@ -21,6 +21,7 @@ import pytest
 
 from kcache_testkit.download_log import DownloadLog
 from kcache_testkit.nodes import Node
+from kcache_testkit.pace import HANG_S
 from kcache_testkit.ranks import launch
 from kcache_testkit.service import ServerProcess, server_env
 
@@ -33,7 +34,7 @@ JOB_ARGS = ["--device", "cpu", "--model", "mlp-lm"]
 
 def _ranks(node: Node, url: str, **settings: str) -> list[dict[str, Any]]:
     run = launch(node, "independent", node.root / "out", JOB_ARGS, 2, KCACHE_URL=url, KCACHE_WORKLOAD=WORKLOAD, **settings)
-    result = run.wait(timeout=900)
+    result = run.wait(timeout=HANG_S)
     assert result["ok"], result.get("error")
     logs = "\n".join(Path(p).read_text(errors="replace") for p in result["logs"])
     assert "Traceback" not in logs and "kcache:" not in logs, logs[-3000:]
@@ -55,7 +56,7 @@ def test_two_independent_ranks_of_a_node_download_each_artifact_once_and_hit(
     filled: tuple[ServerProcess, list[dict[str, Any]]], tmp_path: Path
 ) -> None:
     srv, populate = filled
-    view = httpx.get(f"{srv.url}/v1/default/workloads/{WORKLOAD}", timeout=30).json()
+    view = httpx.get(f"{srv.url}/v1/default/workloads/{WORKLOAD}", timeout=HANG_S).json()
     workload = {("kernel", k) for k in view["kernels"]} | {(e["layer"], e["key"]) for e in view["entries"]}
     assert workload, view
 

@@ -97,7 +97,7 @@ class Service:
         self._bytes, self._log = self._sent(), len(self.srv.stderr())
 
     def _sent(self) -> float:
-        text = httpx.get(f"{self.srv.url}/metrics", timeout=30).text
+        text = httpx.get(f"{self.srv.url}/metrics", timeout=HANG_S).text
         return sum(float(v) for layer, v in _SENT.findall(text) if layer != "api")
 
     def since(self) -> tuple[float, Counter[tuple[str, str]]]:

@@ -32,6 +32,7 @@ from kcache_schemas.pack import (
 )
 
 from kcache_testkit.kernels import Kernel, real_kernels
+from kcache_testkit.pace import HANG_S
 from kcache_testkit.service import ServerProcess, backend_server
 
 pytestmark = pytest.mark.slow
@@ -86,7 +87,7 @@ def _variant(kernel: Kernel, tag: str) -> bytes:
 
 
 def _get(replica: ServerProcess, key: str) -> bytes:
-    with httpx.Client(follow_redirects=True, timeout=10) as client:
+    with httpx.Client(follow_redirects=True, timeout=HANG_S) as client:
         resp = client.get(f"{replica.url}/v1/{NS}/kernels/{key}")
     assert resp.status_code == 200, resp.text
     return resp.content
@@ -94,7 +95,7 @@ def _get(replica: ServerProcess, key: str) -> bytes:
 
 def _put(replica: ServerProcess, key: str, pack: bytes) -> httpx.Response:
     return httpx.put(f"{replica.url}/v1/{NS}/kernels/{key}", content=pack,
-                     headers={"Content-Type": MEDIA_TYPE}, timeout=30)
+                     headers={"Content-Type": MEDIA_TYPE}, timeout=HANG_S)
 
 
 def test_write_through_one_replica_read_through_all(fleet: Fleet) -> None:
@@ -106,10 +107,10 @@ def test_write_through_one_replica_read_through_all(fleet: Fleet) -> None:
     for r in others:
         # No delay, no cache warm-up: the other replicas see the committed index record at once.
         assert _get(r, k.key) == k.pack
-        got = httpx.get(f"{r.url}/v1/{NS}/kernels/{k.key}/manifest", timeout=10)
+        got = httpx.get(f"{r.url}/v1/{NS}/kernels/{k.key}/manifest", timeout=HANG_S)
         assert got.status_code == 200 and got.json() == manifest
         missing = httpx.post(f"{r.url}/v1/{NS}/kernels:missing",
-                             json={"keys": [k.key, fleet.kernels[1].key]}, timeout=10)
+                             json={"keys": [k.key, fleet.kernels[1].key]}, timeout=HANG_S)
         assert missing.json()["missing"] == [fleet.kernels[1].key]
     # Identical re-upload through another replica: accepted, not a new entry.
     assert _put(others[0], k.key, k.pack).status_code == 200
@@ -118,11 +119,11 @@ def test_write_through_one_replica_read_through_all(fleet: Fleet) -> None:
 def test_presigned_download_redirects_to_s3(fleet: Fleet) -> None:
     k = fleet.kernels[0]
     _put(fleet.replicas[0], k.key, k.pack)
-    resp = httpx.get(f"{fleet.presigned.url}/v1/{NS}/kernels/{k.key}", timeout=10)
+    resp = httpx.get(f"{fleet.presigned.url}/v1/{NS}/kernels/{k.key}", timeout=HANG_S)
     assert resp.status_code == 307
     location = resp.headers["location"]
     assert location.startswith(fleet.s3_endpoint + "/") and "X-Amz-Signature=" in location
-    direct = httpx.get(location, timeout=10)  # straight from the bucket, not through the API tier
+    direct = httpx.get(location, timeout=HANG_S)  # straight from the bucket, not through the API tier
     assert direct.status_code == 200 and direct.content == k.pack
 
 
@@ -175,7 +176,7 @@ _SENT = re.compile(r'^kcache_bytes_sent_total\{layer="([^"]+)"\} ([0-9.e+]+)$', 
 
 
 def _sent(replica: ServerProcess) -> dict[str, float]:
-    return {layer: float(v) for layer, v in _SENT.findall(httpx.get(f"{replica.url}/metrics", timeout=10).text)}
+    return {layer: float(v) for layer, v in _SENT.findall(httpx.get(f"{replica.url}/metrics", timeout=HANG_S).text)}
 
 
 @pytest.fixture(scope="module")
@@ -185,12 +186,12 @@ def published(fleet: Fleet) -> bytes:
     writer = fleet.replicas[0].url
     entry = os.urandom(200_000)
     for k in fleet.kernels:
-        r = httpx.put(f"{writer}/v1/{PREFETCH_NS}/kernels/{k.key}", content=k.pack, headers={"Content-Type": MEDIA_TYPE}, timeout=30)
+        r = httpx.put(f"{writer}/v1/{PREFETCH_NS}/kernels/{k.key}", content=k.pack, headers={"Content-Type": MEDIA_TYPE}, timeout=HANG_S)
         assert r.status_code in (200, 201), r.text
-    r = httpx.put(f"{writer}/v1/{PREFETCH_NS}/entries/fx-graph/e1", content=entry, timeout=30,
+    r = httpx.put(f"{writer}/v1/{PREFETCH_NS}/entries/fx-graph/e1", content=entry, timeout=HANG_S,
                   headers={"Content-Type": "application/octet-stream", wire.COMPILE_TIME: "7.250"})
     assert r.status_code in (200, 201), r.text
-    client = KcacheClient(ClientConfig(url=writer, namespace=PREFETCH_NS))
+    client = KcacheClient(ClientConfig(url=writer, namespace=PREFETCH_NS, read_timeout_s=HANG_S))
     publish(client, WORKLOAD, {k.key for k in fleet.kernels}, {("fx-graph", "e1")})
     client.close()
     return entry
@@ -199,7 +200,7 @@ def published(fleet: Fleet) -> bytes:
 def test_prefetch_through_a_presigned_replica_takes_the_bytes_from_s3(fleet: Fleet, published: bytes, tmp_path: Path) -> None:
     replica = fleet.presigned
     before = _sent(replica)
-    client = KcacheClient(ClientConfig(url=replica.url, namespace=PREFETCH_NS))
+    client = KcacheClient(ClientConfig(url=replica.url, namespace=PREFETCH_NS, read_timeout_s=HANG_S))
     local = LocalEntryStore(tmp_path, PREFETCH_NS, url=replica.url)
     view = fetch_view(client, WORKLOAD)
     assert view is not None and client.presigned_downloads
@@ -225,17 +226,17 @@ def test_batch_urls_answer_urls_only_where_presigned_downloads_are_on(fleet: Fle
     body = {"keys": [k, absent, "not-a-key"]}
     path = wire.path(wire.KERNELS_BATCH_URLS, namespace=PREFETCH_NS)
 
-    plain = httpx.post(f"{fleet.replicas[0].url}{path}", json=body, timeout=10)
+    plain = httpx.post(f"{fleet.replicas[0].url}{path}", json=body, timeout=HANG_S)
     assert plain.status_code == 200, plain.text
     assert plain.json() == {"urls": {}, "inline": [k], "missing": [absent], "invalid": ["not-a-key"], "expires_s": 0}
-    view = httpx.get(f"{fleet.replicas[0].url}{wire.path(wire.WORKLOAD, namespace=PREFETCH_NS, name=WORKLOAD)}", timeout=10)
+    view = httpx.get(f"{fleet.replicas[0].url}{wire.path(wire.WORKLOAD, namespace=PREFETCH_NS, name=WORKLOAD)}", timeout=HANG_S)
     assert view.status_code == 200 and wire.DOWNLOADS not in view.headers
 
-    signed = httpx.post(f"{fleet.presigned.url}{path}", json=body, timeout=10)
+    signed = httpx.post(f"{fleet.presigned.url}{path}", json=body, timeout=HANG_S)
     assert signed.status_code == 200, signed.text
     answer = signed.json()
     assert (answer["inline"], answer["missing"], answer["invalid"], answer["expires_s"]) == ([], [absent], ["not-a-key"], 300)
     assert list(answer["urls"]) == [k] and answer["urls"][k].startswith(fleet.s3_endpoint + "/")
-    assert httpx.get(answer["urls"][k], timeout=10).content == fleet.kernels[0].pack
-    view = httpx.get(f"{fleet.presigned.url}{wire.path(wire.WORKLOAD, namespace=PREFETCH_NS, name=WORKLOAD)}", timeout=10)
+    assert httpx.get(answer["urls"][k], timeout=HANG_S).content == fleet.kernels[0].pack
+    view = httpx.get(f"{fleet.presigned.url}{wire.path(wire.WORKLOAD, namespace=PREFETCH_NS, name=WORKLOAD)}", timeout=HANG_S)
     assert view.headers[wire.DOWNLOADS] == wire.DOWNLOADS_PRESIGNED

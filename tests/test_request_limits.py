@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from kcache_testkit.kernels import Kernel
-from kcache_testkit.pace import bound
+from kcache_testkit.pace import HANG_S, bound
 from kcache_testkit.service import ServerProcess, clean_env
 
 pytestmark = pytest.mark.slow
@@ -44,7 +44,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
 
 
 def _start_upload(srv: ServerProcess, key: str, declared: int, first: bytes) -> socket.socket:
-    sock = socket.create_connection(("127.0.0.1", srv.port), timeout=15)
+    sock = socket.create_connection(("127.0.0.1", srv.port), timeout=HANG_S)
     head = f"PUT {ENTRY.format(key)} HTTP/1.1\r\nHost: kcache\r\nContent-Length: {declared}\r\n\r\n"
     sock.sendall(head.encode() + first)
     return sock
@@ -179,7 +179,7 @@ def test_a_client_that_hangs_up_mid_upload_is_not_a_server_error(server: ServerP
         sock = _start_upload(server, "gone", MIB, b"w" * 1000)
         time.sleep(0.3)
         sock.close()
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + HANG_S  # a hang guard: the loop ends with the count
         while _metric(c, 499) == before and time.monotonic() < deadline:
             time.sleep(0.1)
         assert _metric(c, 499) == before + 1

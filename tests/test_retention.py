@@ -207,7 +207,7 @@ class Pause:
             calls[0] += 1
             if calls[0] == 1:
                 self.reached.set()
-                assert self.go.wait(30)
+                assert self.go.wait(HANG_S)
                 if before is not None:
                     before()
             return original(*args, **kwargs)
@@ -238,14 +238,14 @@ def test_gc_between_a_puts_blob_write_and_its_insert_leaves_the_blob(store: Cach
     assert store.references.refs_complete()
     pause = Pause(monkeypatch, store.index, "put_if_absent")
     t, out = _in_thread(lambda: store.kernels.put(NS, k.key, k.pack))
-    assert pause.reached.wait(30)
+    assert pause.reached.wait(HANG_S)
     # The PUT has claimed and verified the blob; GC now, as hard as it can.
     assert store.references.delete_blob_if_unreferenced(d) is False
     report = store.gc.run("elsewhere", GcRequest(orphans=True, min_age_s=0))
     assert report.orphans.entries == 0  # the blob is unnamed, but the PUT's claim is live
     assert store.blobs.size(d) == len(k.pack)
     pause.go.set()
-    t.join(30)
+    t.join(HANG_S)
     assert out and out[0][1] is True, out
     assert store.kernels.pack(NS, k.key)[1] == k.pack
 
@@ -257,13 +257,13 @@ def test_a_put_waits_for_a_gc_that_is_deleting_the_same_blob(store: CacheStore, 
     assert store.references.refs_complete()
     pause = Pause(monkeypatch, store.blobs, "delete")
     gc, gc_out = _in_thread(lambda: store.references.delete_blob_if_unreferenced(d))
-    assert pause.reached.wait(30)  # the GC holds the deletion marker and is about to delete
+    assert pause.reached.wait(HANG_S)  # the GC holds the deletion marker and is about to delete
     put, put_out = _in_thread(lambda: store.kernels.put(NS, k.key, k.pack))
     put.join(0.5)
     assert put.is_alive() and store.index.get(NS, KERNEL, k.key) is None  # waiting for the GC
     pause.go.set()
-    gc.join(30)
-    put.join(30)
+    gc.join(HANG_S)
+    put.join(HANG_S)
     assert gc_out == [True] and put_out and put_out[0][1] is True, (gc_out, put_out)
     assert store.blobs.size(d) == len(k.pack)  # written again after the deletion
     assert store.kernels.pack(NS, k.key)[1] == k.pack
@@ -287,11 +287,11 @@ def test_a_get_racing_an_eviction_answers_the_whole_pack_or_a_miss(store: CacheS
     store.kernels.put(NS, k.key, k.pack)
     pause = Pause(monkeypatch, store.blobs, "get")
     get, out = _in_thread(lambda: store.kernels.pack(NS, k.key))
-    assert pause.reached.wait(30)  # the GET has the index record, not yet the bytes
+    assert pause.reached.wait(HANG_S)  # the GET has the index record, not yet the bytes
     report = _gc(store, max_bytes=0, min_age_s=0)
     assert report.evicted["budget"].entries == 1 and report.blobs_deleted.entries == 1
     pause.go.set()
-    get.join(30)
+    get.join(HANG_S)
     assert len(out) == 1 and isinstance(out[0], NotFound), out  # a miss (404), never a 500
     assert store.index.get(NS, KERNEL, k.key) is None
 
@@ -374,7 +374,11 @@ def test_fill_past_soft_and_hard_limits_keeps_the_working_set_and_the_budget(sto
     items = [("kernel", k.key, k.pack) for k in kernels] + [("entry", key, data) for key, data in _entries(kernels, 24)]
     total = sum(len(d) for _, _, d in items)
     soft, hard = total // 3, total // 2
-    store.retention = RetentionConfig.model_validate({"default": {"soft_limit": soft, "hard_limit": hard, "min_age": 0.5}})
+
+    def rules(min_age: float) -> RetentionConfig:
+        return RetentionConfig.model_validate({"default": {"soft_limit": soft, "hard_limit": hard, "min_age": min_age}})
+
+    store.retention = rules(HANG_S)  # the burst's: see below
     working = [items[0], items[len(kernels)]]  # one kernel, one entry
     for kind, key, data in working:
         _put(store, kind, key, data)
@@ -401,7 +405,7 @@ def test_fill_past_soft_and_hard_limits_keeps_the_working_set_and_the_budget(sto
     def collector() -> None:
         c = store.gc
         while not stop.is_set():
-            try:
+            try:  # the store's collector reads the rules the test has set by then, at each pass
                 evicted.extend(sum(a.entries for a in r.evicted.values()) for r in c.run_policies())
             except Exception as exc:
                 problems.append(f"gc: {exc!r}")
@@ -411,28 +415,39 @@ def test_fill_past_soft_and_hard_limits_keeps_the_working_set_and_the_budget(sto
     threads = [threading.Thread(target=reader), threading.Thread(target=collector)]
     for t in threads:
         t.start()
-    refused = 0
+    refused = [0]
+
+    def offer(kind: str, key: str, data: bytes) -> None:
+        try:
+            _put(store, kind, key, data)
+        except InsufficientStorage as exc:
+            refused[0] += 1
+            assert "hard limit" in str(exc)
+        peak[0] = max(peak[0], store.records.cache_usage(NS).bytes)
+
     try:
         time.sleep(0.1)
-        # A burst (faster than items pass the min age: the hard limit refuses), then a steady
+        # A burst faster than items pass the min age (the hard limit refuses), then a steady
         # stream (the GC makes room as items age); evicted items come back in the second round.
-        for pause, (kind, key, data) in [(0.0, i) for i in items] + [(0.04, i) for i in items]:
-            try:
-                _put(store, kind, key, data)
-            except InsufficientStorage as exc:
-                refused += 1
-                assert "hard limit" in str(exc)
-            peak[0] = max(peak[0], store.records.cache_usage(NS).bytes)
-            time.sleep(pause)
-        deadline = time.monotonic() + 20
-        while store.records.cache_usage(NS).bytes > soft and time.monotonic() < deadline:
+        # The burst's min age is one no machine outruns: at load 12 a burst took longer than the
+        # stream's 0.5 s, the GC evicted its first items and the hard limit never refused.
+        for item in items:
+            offer(*item)
+        store.retention = rules(0.5)
+        for item in items:
+            offer(*item)
+            time.sleep(0.04)
+        # Until the GC has brought usage under the soft limit and the reader has read throughout
+        # (a hang guard, not a bound: a loaded machine takes longer).
+        deadline = time.monotonic() + HANG_S
+        while (store.records.cache_usage(NS).bytes > soft or reads[0] <= 20) and time.monotonic() < deadline:
             time.sleep(0.1)
     finally:
         stop.set()
         for t in threads:
-            t.join(30)
+            t.join(HANG_S)
     assert not problems, problems[:5]
-    assert reads[0] > 20 and refused > 0 and sum(evicted) >= len(items) // 2, (reads, refused, sum(evicted))
+    assert reads[0] > 20 and refused[0] > 0 and sum(evicted) >= len(items) // 2, (reads, refused, sum(evicted))
     assert peak[0] <= hard, (peak[0], hard)
     assert store.records.cache_usage(NS).bytes <= soft
     for kind, key, data in working:  # survived every GC
@@ -481,7 +496,7 @@ def test_an_upload_past_the_hard_limit_is_507_and_wakes_the_gc(tmp_path: Path, k
                 assert err["code"] == "insufficient_storage" and "hard limit" in err["message"] and "30.0 kB" in err["message"]
                 break
         assert codes[-1] == 507 and set(codes[:-1]) == {201}, codes
-        deadline = time.monotonic() + 20  # the pressure GC (interval 1h) brings usage under the soft limit
+        deadline = time.monotonic() + HANG_S  # the pressure GC (interval 1h) brings usage under the soft limit
         status: dict[str, Any] = {}
         while time.monotonic() < deadline:
             status = c.get(f"/v1/{NS}/gc").json()
@@ -511,7 +526,7 @@ def test_a_full_namespace_refuses_uploads_but_never_opens_the_clients_breaker(tm
     room = len(first.pack) + 16  # the first kernel fits, no second one does
     rules = {"default": {"soft_limit": room, "hard_limit": room, "min_age": "1h"}, "gc_interval": "1h", "orphan_interval": None}
     with LiveService(tmp_path / "svc", retention=json.dumps(rules)) as svc:
-        assert httpx.put(f"{svc.url}/v1/{NS}/kernels/{first.key}", content=first.pack).status_code == 201
+        assert httpx.put(f"{svc.url}/v1/{NS}/kernels/{first.key}", content=first.pack, timeout=HANG_S).status_code == 201
         client = KcacheClient(ClientConfig(url=svc.url, namespace=NS, breaker_failures=2))
         try:
             for k in kernels[1:]:
@@ -601,20 +616,20 @@ def test_cli_gc_prints_the_plan_then_runs_it_and_pins(tmp_path: Path, kernels: l
 
     with LiveService(tmp_path / "svc") as svc:
         for k in kernels:
-            assert httpx.put(f"{svc.url}/v1/{NS}/kernels/{k.key}", content=k.pack).status_code == 201
+            assert httpx.put(f"{svc.url}/v1/{NS}/kernels/{k.key}", content=k.pack, timeout=HANG_S).status_code == 201
         manifest = WorkloadManifest(name="serving", fingerprint=NEW_ENV, kernels=[kernels[0].key])
-        assert httpx.put(f"{svc.url}/v1/{NS}/workloads/serving", json=manifest.model_dump(mode="json")).status_code == 201
+        assert httpx.put(f"{svc.url}/v1/{NS}/workloads/serving", json=manifest.model_dump(mode="json"), timeout=HANG_S).status_code == 201
         remote = ["--url", svc.url, "--namespace", NS]
         assert main(["pin", "serving", *remote]) == 0
         assert "pinned workload 'serving'" in capsys.readouterr().out
         assert main(["gc", *remote, "--max-bytes", "20kB", "--min-age", "0", "--dry-run"]) == 0
         out = capsys.readouterr().out
         assert "(dry run: nothing is deleted)" in out and "budget" in out and "down to 20.0 kB" in out and "first evictions" in out
-        assert len(httpx.get(f"{svc.url}/v1/{NS}/kernels").json()["items"]) == len(kernels)
+        assert len(httpx.get(f"{svc.url}/v1/{NS}/kernels", timeout=HANG_S).json()["items"]) == len(kernels)
         assert main(["gc", *remote, "--max-bytes", "20kB", "--min-age", "0", "--yes"]) == 0
         out = capsys.readouterr().out
         assert "done      evicted" in out and "blobs deleted" in out
-        left = httpx.get(f"{svc.url}/v1/{NS}/kernels").json()["items"]
+        left = httpx.get(f"{svc.url}/v1/{NS}/kernels", timeout=HANG_S).json()["items"]
         assert sum(k["pack_size"] for k in left) <= 20_000 and kernels[0].key in {k["key"] for k in left}  # pinned
         assert main(["unpin", "serving", *remote]) == 0
         assert main(["pin", *remote]) == 0

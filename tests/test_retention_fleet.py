@@ -27,6 +27,7 @@ from kcache_schemas.pack import MEDIA_TYPE, pack_kernel_dir, read_kernel_dir
 from kcache_server.storage.redis_index import RedisIndex
 from kcache_server.storage.s3_blobs import S3BlobStore
 
+from kcache_testkit.pace import HANG_S
 from kcache_testkit.service import ServerProcess, backend_server
 
 pytestmark = pytest.mark.slow
@@ -80,14 +81,14 @@ def _run(replicas: list[ServerProcess], items: list[tuple[str, str, bytes]], sof
     counts = {"reads": 0, "misses": 0, "written": 0, "refused": 0, "gc_runs": 0, "gc_busy": 0}
     peak = [0]
     stop = threading.Event()
-    with httpx.Client(timeout=30, follow_redirects=True) as c:
+    with httpx.Client(timeout=HANG_S, follow_redirects=True) as c:
         for path, key, data in working:
             r = c.put(_url(replicas[0], path, key), content=data, headers={"Content-Type": MEDIA_TYPE})
             assert r.status_code == 201, r.text
 
         def reader() -> None:
             rng = random.Random(1)
-            with httpx.Client(timeout=30) as rc:
+            with httpx.Client(timeout=HANG_S) as rc:
                 while not stop.is_set():
                     for i, (path, key, data) in enumerate([*working, rng.choice(items)]):
                         r = rc.get(_url(replicas[(counts["reads"] + i) % 2], path, key))
@@ -100,7 +101,7 @@ def _run(replicas: list[ServerProcess], items: list[tuple[str, str, bytes]], sof
                     time.sleep(0.02)
 
         def writer(replica: ServerProcess, mine: list[tuple[str, str, bytes]]) -> None:
-            with httpx.Client(timeout=30) as wc:
+            with httpx.Client(timeout=HANG_S) as wc:
                 for pause, (path, key, data) in [(0.0, i) for i in mine] + [(0.1, i) for i in mine]:
                     r = wc.put(_url(replica, path, key), content=data, headers={"Content-Type": MEDIA_TYPE})
                     if r.status_code in (200, 201):
@@ -112,7 +113,7 @@ def _run(replicas: list[ServerProcess], items: list[tuple[str, str, bytes]], sof
                     time.sleep(pause)
 
         def admin() -> None:
-            with httpx.Client(timeout=60) as ac:
+            with httpx.Client(timeout=HANG_S) as ac:
                 while not stop.wait(0.7):
                     r = ac.post(f"{replicas[1].url}/v1/{NS}/gc", json={})
                     if r.status_code == 200:
@@ -129,8 +130,8 @@ def _run(replicas: list[ServerProcess], items: list[tuple[str, str, bytes]], sof
         for t in background + writers:
             t.start()
         for t in writers:
-            t.join(120)
-        deadline = time.monotonic() + 30
+            t.join(HANG_S)
+        deadline = time.monotonic() + HANG_S  # a hang guard: the loop ends once usage is under the soft limit
         usage = hard + 1
         while time.monotonic() < deadline:
             usage = c.get(f"{replicas[0].url}/v1/{NS}/gc").json()["usage"]["bytes"]
@@ -140,7 +141,7 @@ def _run(replicas: list[ServerProcess], items: list[tuple[str, str, bytes]], sof
             time.sleep(0.3)
         stop.set()
         for t in background:
-            t.join(60)
+            t.join(HANG_S)
         assert not problems, problems[:5]
         assert counts["reads"] > 50 and counts["refused"] > 0 and counts["written"] > len(items), counts
         assert counts["gc_runs"] + counts["gc_busy"] > 0, counts
@@ -156,7 +157,8 @@ def _run(replicas: list[ServerProcess], items: list[tuple[str, str, bytes]], sof
         assert f'kcache_gc_evicted_bytes_total{{namespace="{NS}",reason="budget"}}' in metrics
         # Sweep the orphans now (a writer that lost a race leaves none, a crash would).
         r = c.post(f"{replicas[0].url}/v1/{NS}/gc", json={"orphans": True, "min_age_s": 0})
-        for _ in range(50):
+        deadline = time.monotonic() + HANG_S  # a background GC holds the lease for one pass
+        while time.monotonic() < deadline:
             if r.status_code != 409:
                 break
             time.sleep(0.2)

@@ -302,7 +302,7 @@ def test_service_sizes_and_durations_take_units(monkeypatch: pytest.MonkeyPatch,
 
 
 def _stored(url: str) -> int:
-    return int(httpx.get(f"{url}/v1/default/stats/usage").json()["total"]["entries"])
+    return int(httpx.get(f"{url}/v1/default/stats/usage", timeout=HANG_S).json()["total"]["entries"])
 
 
 def _job(node: Node, url: str, **env: str) -> subprocess.CompletedProcess[str]:

@@ -285,7 +285,7 @@ def test_backend_outage_reaches_the_run_aggregate_as_errors(live_service, real_k
     from kcache_server.storage import BackendUnavailable
 
     key = real_kernel_dirs[0].name
-    assert httpx.put(f"{live_service.url}/v1/default/kernels/{key}", content=pack_kernel_dir(real_kernel_dirs[0])[1]).status_code == 201
+    assert httpx.put(f"{live_service.url}/v1/default/kernels/{key}", content=pack_kernel_dir(real_kernel_dirs[0])[1], timeout=HANG_S).status_code == 201
     store = live_service.server.config.app.state.store
 
     def down(*_a: object) -> bytes:
@@ -376,7 +376,7 @@ def test_a_job_twice_cold_then_warm(live_service, real_kernel_dirs, tmp_path: Pa
     assert local2.processes == 2 and local2.layers["kernel"].hits == 2 * n and local2.layers["kernel"].bytes_down > 0
 
     # The service aggregated each run over its processes.
-    runs = httpx.get(f"{url}/v1/default/runs").json()["items"]
+    runs = httpx.get(f"{url}/v1/default/runs", timeout=HANG_S).json()["items"]
     assert [r["run_id"] for r in runs] == ["ci-2", "ci-1"]  # newest first
     assert runs[0]["processes"] == 2 and runs[0]["hits"] == 2 * n and runs[0]["hit_rate"] == 100.0
     assert runs[1]["misses"] == n and runs[1]["hit_rate"] == 0.0 and runs[1]["puts"] == n

@@ -17,6 +17,8 @@ import pytest
 from kcache_server.storage import BackendUnavailable, BlobNotFound, BlobStore, Index, IndexRecord
 from kcache_server.storage.base import KindUsage
 
+from kcache_testkit.pace import HANG_S
+
 
 def _digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
@@ -264,7 +266,7 @@ def test_blob_presigned_url_serves_the_bytes(blob_store: BlobStore) -> None:
     url = blob_store.presigned_get_url(d, 60)
     if url is None:  # optional in the contract (the embedded file store has none)
         return
-    with urllib.request.urlopen(url, timeout=10) as resp:
+    with urllib.request.urlopen(url, timeout=HANG_S) as resp:
         assert resp.read() == data
 
 

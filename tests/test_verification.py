@@ -51,7 +51,7 @@ def test_phases_and_unused_prefetches_of_a_cold_and_a_warm_run(live_service, tmp
     assert cold.verification == {}
 
     # The workload also promises an entry no compile of this job asks for (a graph it no longer has).
-    client = KcacheClient(ClientConfig(url=url))
+    client = KcacheClient(ClientConfig(url=url, read_timeout_s=HANG_S))
     client.put_entry("fx-graph", "pt2:fx-graph-v1::fdrifted:c1", b"a graph of an older version of the job")
     manifest = {"name": "verify", "fingerprint": current().model_dump(), "kernels": [],
                 "entries": [{"layer": "fx-graph", "key": "pt2:fx-graph-v1::fdrifted:c1"}]}

@@ -199,6 +199,7 @@ _VARIABLES: dict[str, tuple[str, Callable[[str], Any]]] = {
     "trusted_keys": ("KCACHE_TRUSTED_KEYS", _text),
     "layers": ("KCACHE_LAYERS", parse_layers),
     "prefetch_wait_s": ("KCACHE_PREFETCH_WAIT_S", _seconds()),
+    "prefetch_timeout_s": ("KCACHE_PREFETCH_TIMEOUT_S", _seconds(0.0, above=True)),
     "coordesc_reuse": ("KCACHE_COORDESC_REUSE", parse_bool),
     "triton_manager": ("KCACHE_TRITON_MANAGER", parse_bool),
     "autoload": ("KCACHE_AUTOLOAD", parse_bool),
@@ -238,6 +239,11 @@ class ClientConfig:
     trusted_keys: str | None = None  # Ed25519 public keys accepted: files and/or keys, comma-separated
     layers: str | None = None  # KCACHE_LAYERS as given: a comma list, "all" or "none"
     prefetch_wait_s: float = 30.0
+    # The read deadline of the workload prefetch's manifest request (never shorter than
+    # read_timeout_s): it runs off the compile path, so a service slow to merge a workload's
+    # manifest (a loaded one) delays the prefetch rather than failing it. A compile waits for that
+    # manifest no longer than for an answer of its own (kcache.transport.workload.Prefetcher.wait_for).
+    prefetch_timeout_s: float = 30.0
     coordesc_reuse: bool = True
     triton_manager: bool = True
     autoload: bool = True  # read by kcache._autoload at interpreter start; here to be checked

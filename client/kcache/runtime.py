@@ -106,7 +106,7 @@ class Runtime:
         if self.client is not None and config.workload and claim_prefetch():
             from kcache.transport.workload import Prefetcher
 
-            self.prefetcher = Prefetcher(self.client, config.workload, self.local, config.prefetch_wait_s).start()
+            self.prefetcher = Prefetcher(self.client, config.workload, self.local, config.prefetch_wait_s, config.prefetch_timeout_s).start()
 
     def miss_reason(self) -> str:
         hint = self.prefetcher.miss_hint if self.prefetcher is not None else None

@@ -155,8 +155,9 @@ class KcacheClient:
     # ---- transport ------------------------------------------------------------------------
 
     def _request(self, method: str, path: str, *, idempotent: bool = True, http: httpx.Client | None = None,
-                 **kwargs: Any) -> httpx.Response:
-        """``path`` under the service, or an absolute URL with ``http`` (an object store's)."""
+                 read_timeout_s: float | None = None, **kwargs: Any) -> httpx.Response:
+        """``path`` under the service, or an absolute URL with ``http`` (an object store's);
+        ``read_timeout_s``: this request's read deadline, if not the configured one."""
         if not self.breaker.allow():
             raise ServiceUnavailable("circuit breaker open: the service failed recently; not calling it")
         attempts = 1 + (max(0, self.config.retries) if idempotent else 0)
@@ -165,7 +166,7 @@ class KcacheClient:
         where = path.split("?", 1)[0] if http is not None else f"{self._base}{path}"
         for attempt in range(attempts):
             try:
-                response = self._send(method, path, http or self._http, **kwargs)
+                response = self._send(method, path, http or self._http, read_timeout_s, **kwargs)
             except httpx.HTTPError as exc:  # timeouts, refused, reset, undecodable body, redirect loop
                 self._last_refused = _refused(exc)
                 last = ServiceUnavailable(f"{method} {where}: {type(exc).__name__}: {exc}")
@@ -194,7 +195,7 @@ class KcacheClient:
             log.warning("kcache: the service at %s has no tokens (open, loopback only): the token given "
                         "(KCACHE_TOKEN or --token) is not checked; anyone on that host can read and write", self._base)
 
-    def _send(self, method: str, path: str, http: httpx.Client, **kwargs: Any) -> httpx.Response:
+    def _send(self, method: str, path: str, http: httpx.Client, read_timeout_s: float | None = None, **kwargs: Any) -> httpx.Response:
         """One attempt, body read under a total deadline and a size cap.
 
         httpx's read timeout applies to each socket read, so a server that trickles a byte
@@ -202,7 +203,11 @@ class KcacheClient:
         ``connect + read`` seconds after the request, stretched by ``bytes / _MIN_RATE`` for
         bodies that really flow (large packs on a slow link).
         """
-        deadline = time.monotonic() + self.config.connect_timeout_s + self.config.read_timeout_s
+        if read_timeout_s is None:
+            read_timeout_s = self.config.read_timeout_s
+        else:
+            kwargs["timeout"] = httpx.Timeout(read_timeout_s, connect=self.config.connect_timeout_s)
+        deadline = time.monotonic() + self.config.connect_timeout_s + read_timeout_s
         with http.stream(method, path, **kwargs) as r:
             declared = r.headers.get("Content-Length", "")
             if declared.isdigit() and int(declared) > _MAX_BODY:
@@ -408,10 +413,12 @@ class KcacheClient:
 
     # ---- workloads ------------------------------------------------------------------------
 
-    def workload_view(self, name: str, fingerprint: str) -> WorkloadView:
-        """A workload's merged manifest for ``fingerprint`` (NotFound if none); also notes
-        whether the service hands out presigned downloads (:attr:`presigned_downloads`)."""
-        r = self._request("GET", wire.path(wire.WORKLOAD, namespace=self._ns, name=name), params={"fingerprint": fingerprint})
+    def workload_view(self, name: str, fingerprint: str, read_timeout_s: float | None = None) -> WorkloadView:
+        """A workload's merged manifest for ``fingerprint`` (NotFound if none), under
+        ``read_timeout_s`` if given (the prefetch's own deadline); also notes whether the service
+        hands out presigned downloads (:attr:`presigned_downloads`)."""
+        r = self._request("GET", wire.path(wire.WORKLOAD, namespace=self._ns, name=name), params={"fingerprint": fingerprint},
+                          read_timeout_s=read_timeout_s)
         self.presigned_downloads = r.headers.get(wire.DOWNLOADS) == wire.DOWNLOADS_PRESIGNED
         return WorkloadView.model_validate_json(r.content)
 

@@ -6,6 +6,15 @@ kernel packs and entries are pulled in bulk into kcache's local tier. The compil
 for an entry or kernel it needs that the manifest promises and that has not arrived yet (bounded
 by ``KCACHE_PREFETCH_WAIT_S``); anything else goes straight to the network.
 
+**Deadlines.** The manifest (the workload's view, which the service merges from the runs it
+recorded) is asked for under ``KCACHE_PREFETCH_TIMEOUT_S``, not the compile path's read deadline:
+nothing but the prefetch waits for it, and a loaded service that takes a few seconds to merge it
+should delay the prefetch, not fail it. A compile that needs the manifest meanwhile waits for it
+no longer than it would for an answer of its own (``KCACHE_CONNECT_TIMEOUT_S`` +
+``KCACHE_READ_TIMEOUT_S`` after it was asked for), then goes to the network. The downloads keep
+the compile path's deadline: a compile waits for a promised entry until it arrives or its
+download fails, and the job's exit waits for the downloads in flight.
+
 **Once per node.** The processes of a node share the local tier, however they were started: the
 first to start prefetches the workload under the tier's claim (:meth:`LocalEntryStore.
 prefetch_claim`, a ``flock`` the kernel releases if the process dies); the others fetch only the
@@ -59,9 +68,9 @@ _URL_FETCHES = 8
 _URL_WINDOW = 16
 
 
-def fetch_view(client: KcacheClient, name: str) -> WorkloadView | None:
+def fetch_view(client: KcacheClient, name: str, read_timeout_s: float | None = None) -> WorkloadView | None:
     try:
-        return client.workload_view(name, current().id)
+        return client.workload_view(name, current().id, read_timeout_s)
     except NotFound:
         return None
 
@@ -202,9 +211,17 @@ class Prefetcher:
     for the claim instead of downloading, and its compile path finds promised entries in the tier
     as the claim's holder writes them."""
 
-    def __init__(self, client: KcacheClient, name: str, local: LocalEntryStore, wait_s: float = 30.0) -> None:
+    def __init__(self, client: KcacheClient, name: str, local: LocalEntryStore, wait_s: float = 30.0,
+                 manifest_timeout_s: float | None = None) -> None:
         self.name = name
         self._client, self._local = client, local
+        config = client.config
+        # The manifest's own read deadline (off the compile path), and how long after it was asked
+        # for a compile stops waiting for it: as long as a request of the compile path's own.
+        self._manifest_timeout_s = max(manifest_timeout_s or 0.0, config.read_timeout_s)
+        self._on_path_s = config.connect_timeout_s + config.read_timeout_s
+        self._manifest_asked = threading.Event()
+        self._manifest_asked_at = 0.0
         self.manifest_ready = threading.Event()
         self.done = threading.Event()
         self.view: WorkloadView | None = None
@@ -224,7 +241,9 @@ class Prefetcher:
     def _run(self) -> None:
         t0 = time.perf_counter()
         try:
-            view = fetch_view(self._client, self.name)
+            current()  # the fingerprint is computed before the manifest's deadline starts
+            self._asked_manifest()
+            view = fetch_view(self._client, self.name, self._manifest_timeout_s)
             if view is not None and view.runs == 0 and view.other_fingerprints:
                 me = current()
                 self.miss_hint = "environment differs from workload's earlier runs: " + "; ".join(me.diff(fp) for fp in view.other_fingerprints)
@@ -249,11 +268,28 @@ class Prefetcher:
             if not (sys.is_finalizing() or _shutting_down()):
                 log.warning("kcache: workload prefetch failed: %s", exc)
         finally:
+            self._asked_manifest()
             self.manifest_ready.set()
             for event in self._pending.values():
                 event.set()
             self.seconds = time.perf_counter() - t0
             self.done.set()
+
+    def _asked_manifest(self) -> None:
+        if not self._manifest_asked.is_set():
+            self._manifest_asked_at = time.monotonic()
+            self._manifest_asked.set()
+
+    def _wait_manifest(self) -> bool:
+        """Wait for the manifest at most ``KCACHE_PREFETCH_WAIT_S``, and no longer than the
+        on-path deadline after it was asked for: its request may take up to
+        ``KCACHE_PREFETCH_TIMEOUT_S``, a compile must not (until it arrives, lookups go to the
+        network at once)."""
+        deadline = time.monotonic() + self._wait_s
+        if not self._manifest_asked.wait(self._wait_s):
+            return False
+        until = min(deadline, self._manifest_asked_at + self._on_path_s)
+        return self.manifest_ready.wait(max(0.0, until - time.monotonic()))
 
     def _arrived(self, layer: str, key: str) -> None:
         event = self._pending.get((layer, key))
@@ -263,7 +299,7 @@ class Prefetcher:
     def wait_for(self, layer: str, key: str) -> bool:
         """True if the entry is promised by the manifest and has now arrived (or failed), here
         or, while another process of the node prefetches, in the local tier."""
-        if not self.manifest_ready.wait(self._wait_s):
+        if not self._wait_manifest():
             return False
         event = self._pending.get((layer, key))
         if event is None:
