@@ -51,6 +51,7 @@ KERNEL_LAYER = wire.CacheLayer.KERNEL.value
 # Entries that carry the compile time Inductor recorded (``time_taken_ms``).
 RECORDS_COMPILE_TIME = frozenset({wire.CacheLayer.FX_GRAPH.value, wire.CacheLayer.AOT_AUTOGRAD.value})
 T = TypeVar("T")
+S = TypeVar("S")
 # Run at the start of every Runtime.close(), before uploads are flushed: layers whose entries
 # exist only once the job's compiles are done (Dynamo's precompile packages) hand them over here.
 _before_close: list[Callable[[], None]] = []
@@ -97,6 +98,9 @@ class Runtime:
         self.quarantined: set[tuple[str, str]] = set()
         self._lock = threading.Lock()
         self._closed = False
+        # Each layer's per-process state (what it learned serving this runtime), by its class:
+        # see layer_state.
+        self._layer_states: dict[type, object] = {}
         self.local = LocalEntryStore.of(config)
         self.signing = EntrySigning.from_config(config)
         if self.signing is not None and self.signing.problem is not None:
@@ -106,6 +110,19 @@ class Runtime:
             from kcache.transport.workload import Prefetcher
 
             self.prefetcher = Prefetcher(self.client, config.workload, self.local, config.prefetch_wait_s).start()
+
+    def layer_state(self, kind: type[S]) -> S:
+        """This runtime's instance of a layer's state class ``kind`` (made, empty, at first use).
+
+        A layer keeps what it learns while serving (keys it looked up, packages it fetched or
+        handed over, timings) here and never in its module: ``uninstall()`` then ``install()``,
+        or an ``install()`` with other options, starts a runtime whose layers know nothing, as
+        in a fresh process."""
+        with self._lock:
+            state = self._layer_states.get(kind)
+            if state is None:
+                state = self._layer_states[kind] = kind()
+            return state  # type: ignore[return-value]
 
     def miss_reason(self) -> str:
         hint = self.prefetcher.miss_hint if self.prefetcher is not None else None
