@@ -416,6 +416,11 @@ STATE_ALLOWED = {
     "kcache.layers.jit.layer._serves_jit": "a pure function of a KCACHE_LAYERS value",
     "kcache.layers.dynamo.packages._file_digest": "content hash of a model's source file",
     "kcache.layers.inductor.remote_caches.backend_class": "a class built once on torch's base class",
+    "kcache.layers.triton.kernel_key_parts._remembered": "a Triton key's parts: a pure fact of the key, recorded from "
+    "interpreter start (the .pth hooks Triton's key before any runtime exists); cleared at uninstall",
+    "kcache.layers.triton.kernel_key_parts._lock": "guards _remembered",
+    "kcache.store.emitter._cleaned": "Triton cache dirs already swept of stale kernel dirs (the CLI emits without a runtime); "
+    "a sweep skipped after a reinstall changes nothing any runtime sees",
     # constant tables, never written
     "kcache.__all__": "constant", "kcache.cli.__all__": "constant", "kcache.store.fingerprint.__all__": "constant",
     "kcache.triton_manager.__all__": "constant", "kcache.config.MODES": "constant", "kcache.config._VARIABLES": "constant",
@@ -431,7 +436,6 @@ STATE_ALLOWED = {
 STATE_NOT_YET_MOVED = {
     "kcache.runtime._before_close",
     "kcache.host.failopen._warned", "kcache.host.failopen._warned_lock",
-    "kcache.store.emitter._cleaned",
     "kcache.layers.inductor.remote_caches._served",
     "kcache.layers.inductor.triton_bundler._compile_started",
     "kcache.layers.jit.inductor_cpp._headers", "kcache.layers.jit.inductor_cpp._installed",
@@ -442,7 +446,6 @@ STATE_NOT_YET_MOVED = {
     "kcache.layers.jit.tvm_ffi._installed", "kcache.layers.jit.tvm_ffi._state_lock", "kcache.layers.jit.tvm_ffi._served",
     "kcache.layers.key_canary._lock", "kcache.layers.key_canary._served", "kcache.layers.key_canary._pending_fx",
     "kcache.layers.key_canary._pending_kernels", "kcache.layers.key_canary._decided", "kcache.layers.key_canary._retried",
-    "kcache.layers.triton.kernel_key_parts._remembered", "kcache.layers.triton.kernel_key_parts._lock",
     "kcache.layers.vllm_compile_cache._served", "kcache.layers.vllm_compile_cache._lock",
     "kcache.layers.vllm_compile_cache._misses", "kcache.layers.vllm_compile_cache._installed",
     "kcache.layers.vllm_compile_cache._uploads", "kcache.layers.vllm_compile_cache._source_check",
