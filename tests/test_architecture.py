@@ -395,7 +395,7 @@ STATE_ALLOWED = {
     "kcache.host.patching._lock": "the patch registry's lock",
     "kcache.current._runtime": "the runtime handle",
     "kcache.current._lock": "the runtime handle's lock",
-    "kcache.current._forked_config": "the runtime handle of a forked child (its parent's config)",
+    "kcache.current._forked_from": "the runtime handle of a forked child (its parent's runtime, to make its own like it)",
     "kcache.activation._env_before": "the patch registry's environment half: KCACHE_* values install() replaced, put back by uninstall()",
     # locks that guard the interpreter's own shared objects, holding nothing themselves
     "kcache.host.after_import._lock": "guards edits of sys.meta_path",
@@ -434,7 +434,6 @@ STATE_ALLOWED = {
 # is taking it off here, with a reinstall test for its layer (tests/test_dynamo_cache.py has the
 # first: test_install_uninstall_install_is_a_fresh_process_for_the_dynamo_layer).
 STATE_NOT_YET_MOVED = {
-    "kcache.runtime._before_close",
     "kcache.host.failopen._warned", "kcache.host.failopen._warned_lock",
     "kcache.layers.inductor.remote_caches._served",
     "kcache.layers.inductor.triton_bundler._compile_started",

@@ -103,7 +103,7 @@ from kcache.host.after_import import call_after_import, imported
 from kcache.host.failopen import guard, warn_once
 from kcache.layers.dynamo import package_envelope as dynamo_entries
 from kcache.layers.dynamo import payoff as dynamo_payoff
-from kcache.runtime import Runtime, before_close
+from kcache.runtime import Runtime
 from kcache.store import fingerprint
 
 log = logging.getLogger("kcache.layers.dynamo.packages")
@@ -158,8 +158,10 @@ def _serving(rt: Runtime | None) -> bool:
 def install() -> None:
     """Serve the layer once torch's precompile modules have loaded (kcache installs while torch
     may still be importing them)."""
-    before_close(save_pending)
-    before_close(finish_reports)
+    rt = get_runtime()
+    if rt is not None:  # activation made it first
+        rt.at_close("save Dynamo's precompile packages", save_pending)
+        rt.at_close("report Dynamo packages that did not pay", finish_reports)
     call_after_import(EVAL_FRAME_MODULE, _hook_eval_frame)
     call_after_import(PACKAGE_MODULE, _hook_package)
 
