@@ -382,7 +382,7 @@ def test_install_uninstall_install_is_a_fresh_process_for_the_dynamo_layer(live_
         assert kcache.install(url=live_service.url, local_dir=str(tmp_path / f"local-{namespace}-{mode}"), mode=mode,
                               layers="dynamo", namespace=namespace)
         rt = get_runtime()
-        torch._dynamo.reset()  # a fresh process's torch: nothing compiled, nothing in its dir
+        torch._dynamo.reset()  # nothing compiled, nothing in torch's dir (torch keeps the packages it may save)
         shutil.rmtree(tmp_path / "inductor" / "dynamo", ignore_errors=True)
         torch.compile(_triple)(torch.randn(4))
         dynamo_cache.save_pending()  # what Runtime.close runs at exit
@@ -392,12 +392,22 @@ def test_install_uninstall_install_is_a_fresh_process_for_the_dynamo_layer(live_
         kcache.uninstall()
         return stats
 
-    produced = run("a", "readwrite")
-    assert produced.puts == 1, produced
-    fetched = run("a", "readonly")
-    assert fetched.hits == 1, fetched
-    fresh = run("b", "readwrite")
-    assert fresh.misses == 1 and fresh.puts == 1, fresh
+    try:
+        produced = run("a", "readwrite")
+        assert produced.puts == 1, produced
+        fetched = run("a", "readonly")
+        assert fetched.hits == 1, fetched
+        fresh = run("b", "readwrite")
+        assert fresh.misses == 1 and fresh.puts == 1, fresh
+    finally:
+        _forget_compiles()  # the next test's save would write _triple's package too
+
+
+def _forget_compiles() -> None:
+    from torch._dynamo.precompile_context import PrecompileContext
+
+    torch._dynamo.reset()
+    PrecompileContext.clear()  # the packages torch keeps to save: reset() leaves them
 
 
 # ---- serve a package only where it pays (kcache.layers.dynamo.payoff) ------------------------------------
