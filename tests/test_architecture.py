@@ -493,3 +493,133 @@ def test_the_shape_checks_find_the_old_shape() -> None:
     assert _takes_a_store("class A:\n    def get(self, store: 'x.CacheStore') -> None: ...\n") == ["get:2"]
     assert _takes_a_store("def route(store: StoreDep) -> None: ...\n") == []
     assert {"kernels", "entries", "gc"} <= set(_built_by_the_store())
+
+
+def test_the_client_names_no_module_like_one_of_the_service_or_the_schemas() -> None:
+    """One name, one concept: a client module named like a service or schemas module (three
+    ``errors.py``, two ``stats.py``) sent readers to the wrong file. Where client and service are
+    two sides of one concept, the names say which side (``transport/workload.py`` publishes what
+    ``kcache_server/workloads.py`` stores)."""
+    other = {p.name for root in (SERVICE, SCHEMAS) for p in _sources(root)}
+    shared = sorted({p.name for p in _sources(CLIENT)} & other - {"__init__.py", "__main__.py"})
+    assert not shared, f"client modules named like service/schemas modules: {shared}"
+
+
+# ---- process state lives in the Runtime (issue 27) ------------------------------------------------
+# A module-level name holding a mutable value (a dict, set, list, lock, thread-local, counter), a
+# name a function rebinds with ``global``, or a function cached with ``functools`` is per-process
+# state: install -> uninstall -> install must behave like a fresh process, so a layer keeps what it
+# learns in ``Runtime.layer_state`` (reached through ``kcache.current``), never in its module.
+# What legitimately stays module-level, and why:
+STATE_ALLOWED = {
+    # the two handles of the process: the patch registry and the runtime
+    "kcache.host.patching._patches": "the patch registry: what kcache replaced on torch/Triton",
+    "kcache.host.patching._lock": "the patch registry's lock",
+    "kcache.current._runtime": "the runtime handle",
+    "kcache.current._lock": "the runtime handle's lock",
+    "kcache.current._forked_from": "the runtime handle of a forked child (its parent's runtime, to make its own like it)",
+    "kcache.activation._env_before": "the patch registry's environment half: KCACHE_* values install() replaced, put back by uninstall()",
+    # locks that guard the interpreter's own shared objects, holding nothing themselves
+    "kcache.host.after_import._lock": "guards edits of sys.meta_path",
+    "kcache.store.counters._write_lock": "serializes writes of the stats file",
+    # facts of the interpreter and its machine, the same under every runtime
+    "kcache.store.kernel_dirs._target": "the visible GPU, read once from a fully imported torch",
+    "kcache.store.kernel_dirs._target_lock": "guards _target",
+    "kcache.store.fingerprint.packages": "installed package versions (tests clear it when they change them)",
+    "kcache.store.fingerprint.current": "the environment fingerprint (tests clear it when they change it)",
+    "kcache.transport.entry_signing._machine": "host name and fingerprint",
+    "kcache.layers.jit.content_keys._file_sha": "content hash of a header file of the toolchain",
+    "kcache.layers.jit.content_keys.cpu_identity": "the CPU",
+    "kcache.layers.jit.content_keys.python_abi": "the interpreter's ABI",
+    "kcache.layers.jit.content_keys.libc": "the C library",
+    "kcache.layers.jit.content_keys._banner": "a compiler's version banner",
+    "kcache.layers.jit.content_keys._install_roots": "where torch and Python are installed",
+    "kcache.layers.jit.inductor_cpp._path_names": "path names of torch's install and a cache dir",
+    "kcache.layers.jit.layer._serves_jit": "a pure function of a KCACHE_LAYERS value",
+    "kcache.layers.dynamo.packages._file_digest": "content hash of a model's source file",
+    "kcache.layers.inductor.remote_caches.backend_class": "a class built once on torch's base class",
+    "kcache.layers.triton.kernel_key_parts._remembered": "a Triton key's parts: a pure fact of the key, recorded from "
+    "interpreter start (the .pth hooks Triton's key before any runtime exists); cleared at uninstall",
+    "kcache.layers.triton.kernel_key_parts._lock": "guards _remembered",
+    "kcache.store.emitter._cleaned": "Triton cache dirs already swept of stale kernel dirs (the CLI emits without a runtime); "
+    "a sweep skipped after a reinstall changes nothing any runtime sees",
+    # constant tables, never written
+    "kcache.__all__": "constant", "kcache.cli.__all__": "constant", "kcache.store.fingerprint.__all__": "constant",
+    "kcache.triton_manager.__all__": "constant", "kcache.config.MODES": "constant", "kcache.config._VARIABLES": "constant",
+    "kcache.exceptions._BY_CODE": "constant", "kcache.layers.inductor.fx_graph_reads._PARAMETERS": "constant",
+    "kcache.layers.inductor.remote_caches.LAYERS": "constant", "kcache.layers.inductor.remote_caches.GPU_ONLY": "constant",
+    "kcache.layers.inductor.remote_caches.OPT_IN": "constant", "kcache.layers.inductor.remote_caches.PREDICATES": "constant",
+    "kcache.layers.vllm_compile_cache._SKIP_DIRS": "constant", "kcache.reporting.report.FORMATTERS": "constant",
+    "kcache.store.entry_keys.INDUCTOR_CACHE_IDS": "constant", "kcache.transport.http._BODY_HEADERS": "constant",
+}
+# Per-process state not moved into the Runtime yet (issue 27): this list only shrinks. Moving one
+# is taking it off here, with a reinstall test for its layer (tests/test_dynamo_cache.py has the
+# first: test_install_uninstall_install_is_a_fresh_process_for_the_dynamo_layer).
+STATE_NOT_YET_MOVED = {
+    "kcache.host.failopen._warned", "kcache.host.failopen._warned_lock",
+    "kcache.layers.inductor.remote_caches._served",
+    "kcache.layers.inductor.triton_bundler._compile_started",
+    "kcache.layers.jit.inductor_cpp._headers", "kcache.layers.jit.inductor_cpp._installed",
+    "kcache.layers.jit.inductor_cpp._state_lock", "kcache.layers.jit.inductor_cpp._isa_scope",
+    "kcache.layers.jit.inductor_cpp._load_scope", "kcache.layers.jit.inductor_cpp._served",
+    "kcache.layers.jit.torch_extensions._installed", "kcache.layers.jit.torch_extensions._state_lock",
+    "kcache.layers.jit.torch_extensions._building", "kcache.layers.jit.torch_extensions._served",
+    "kcache.layers.jit.tvm_ffi._installed", "kcache.layers.jit.tvm_ffi._state_lock", "kcache.layers.jit.tvm_ffi._served",
+    "kcache.layers.key_canary._lock", "kcache.layers.key_canary._served", "kcache.layers.key_canary._pending_fx",
+    "kcache.layers.key_canary._pending_kernels", "kcache.layers.key_canary._decided", "kcache.layers.key_canary._retried",
+    "kcache.layers.vllm_compile_cache._served", "kcache.layers.vllm_compile_cache._lock",
+    "kcache.layers.vllm_compile_cache._misses", "kcache.layers.vllm_compile_cache._installed",
+    "kcache.layers.vllm_compile_cache._uploads", "kcache.layers.vllm_compile_cache._source_check",
+}
+_MUTABLE_LITERALS = (ast.Dict, ast.List, ast.Set, ast.ListComp, ast.DictComp, ast.SetComp)
+_MUTABLE_CALLS = {"dict", "set", "list", "defaultdict", "OrderedDict", "deque", "Counter", "count", "local", "Lock", "RLock",
+                  "Condition", "Event", "Semaphore", "WeakKeyDictionary", "WeakValueDictionary", "WeakSet"}
+
+
+def _called(node: ast.AST | None) -> str:
+    if not isinstance(node, ast.Call):
+        return ""
+    func = node.func
+    return func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+
+
+def module_state(source: str) -> set[str]:
+    """Names of ``source``'s module-level state: mutable values bound at module level, names a
+    function rebinds with ``global``, and functions with a ``functools`` cache."""
+    tree = ast.parse(source)
+    found = {name for node in ast.walk(tree) if isinstance(node, ast.Global) for name in node.names}
+    for node in tree.body:
+        if isinstance(node, ast.Assign):
+            targets, value = [t for t in node.targets if isinstance(t, ast.Name)], node.value
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            targets, value = [node.target], node.value
+        else:
+            continue
+        if isinstance(value, _MUTABLE_LITERALS) or _called(value) in _MUTABLE_CALLS:
+            found |= {t.id for t in targets}
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and any(
+            "cache" in ast.unparse(d) for d in node.decorator_list
+        ):
+            found.add(node.name)
+    return found
+
+
+def _client_state() -> set[str]:
+    return {f"{_module_name(p, CLIENT)}.{name}" for p in _sources(CLIENT) for name in module_state(p.read_text())}
+
+
+def test_no_module_level_mutable_state_in_the_client_outside_the_allow_list() -> None:
+    state = _client_state()
+    new = sorted(state - set(STATE_ALLOWED) - STATE_NOT_YET_MOVED)
+    assert not new, ("per-process state belongs in the Runtime (Runtime.layer_state, reached through kcache.current), "
+                     "not in a module; or, if it truly is the process's (a lock, a pure fact), STATE_ALLOWED with why:\n"
+                     + "\n".join(new))
+    gone = sorted((set(STATE_ALLOWED) | STATE_NOT_YET_MOVED) - state)
+    assert not gone, "no longer module state: take it off STATE_ALLOWED / STATE_NOT_YET_MOVED:\n" + "\n".join(gone)
+
+
+def test_the_state_check_finds_module_state() -> None:
+    source = "import functools, threading\nA = {}\nB: set[str] = set()\nC = threading.local()\nD = (1, 2)\nE = None\n" \
+             "def f():\n    global E\n    E = 1\n@functools.lru_cache\ndef g(): ...\n"
+    assert module_state(source) == {"A", "B", "C", "E", "g"}

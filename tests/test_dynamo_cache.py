@@ -360,6 +360,56 @@ def test_a_package_torch_cannot_load_is_not_uploaded(live_service, precompile_on
     assert len(said) == 1 and "DefaultsSource" in said[0], said
 
 
+def _triple(x: Any) -> Any:
+    return x * 3
+
+
+@needs_packages
+def test_install_uninstall_install_is_a_fresh_process_for_the_dynamo_layer(live_service, precompile_on: None, tmp_path: Path) -> None:
+    """install -> use -> uninstall -> install behaves like a fresh process: what the layer knew
+    about packages (fetched from the service, handed over) belonged to the runtime that learned it.
+    Runtime 1 uploads ``_triple``'s package to namespace ``a``, runtime 2 fetches it from ``a``,
+    runtime 3 (namespace ``b``, empty) compiles it again and must upload it there. Failed before
+    the layer's state moved into the runtime: its module sets survived ``uninstall()`` and
+    runtime 3 took the package for one already stored ("fetched from kcache") and never sent it."""
+    import shutil
+
+    import kcache
+    from kcache.current import get_runtime
+    from kcache.layers.dynamo import packages as dynamo_cache
+
+    def run(namespace: str, mode: str) -> Any:
+        assert kcache.install(url=live_service.url, local_dir=str(tmp_path / f"local-{namespace}-{mode}"), mode=mode,
+                              layers="dynamo", namespace=namespace)
+        rt = get_runtime()
+        torch._dynamo.reset()  # nothing compiled, nothing in torch's dir (torch keeps the packages it may save)
+        shutil.rmtree(tmp_path / "inductor" / "dynamo", ignore_errors=True)
+        torch.compile(_triple)(torch.randn(4))
+        dynamo_cache.save_pending()  # what Runtime.close runs at exit
+        if rt.uploader is not None:
+            assert rt.uploader.flush(30)
+        stats = rt.stats.snapshot()["dynamo"]
+        kcache.uninstall()
+        return stats
+
+    try:
+        produced = run("a", "readwrite")
+        assert produced.puts == 1, produced
+        fetched = run("a", "readonly")
+        assert fetched.hits == 1, fetched
+        fresh = run("b", "readwrite")
+        assert fresh.misses == 1 and fresh.puts == 1, fresh
+    finally:
+        _forget_compiles()  # the next test's save would write _triple's package too
+
+
+def _forget_compiles() -> None:
+    from torch._dynamo.precompile_context import PrecompileContext
+
+    torch._dynamo.reset()
+    PrecompileContext.clear()  # the packages torch keeps to save: reset() leaves them
+
+
 # ---- serve a package only where it pays (kcache.layers.dynamo.payoff) ------------------------------------
 
 

@@ -397,3 +397,46 @@ def test_a_bug_in_recording_kernel_key_parts_never_reaches_the_compile(
             kcache.uninstall()
     said = {"parts_of": "could not record a Triton key's parts", "recall": "could not record a kernel miss"}[broken]
     assert f"kcache: {said}: RuntimeError: a bug of ours" in caplog.text, caplog.text
+
+
+def test_close_runs_the_layers_hand_overs_then_its_own_steps_each_failing_open(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """``Runtime.close()`` is one ordered list: the steps layers registered (once each), then
+    flush, publish, close, checks, report. A step that raises is one warning naming it, and the
+    next step still runs; a second close does nothing. A runtime that replaces it (another
+    ``install()``) keeps the installed layers' steps."""
+    import logging
+
+    from kcache.current import ensure_runtime, stop_runtime
+
+    from kcache_testkit.ports import free_port
+
+    config = ClientConfig(url=f"http://127.0.0.1:{free_port()}", local_dir=str(tmp_path / "a"))
+    rt = ensure_runtime(config)
+    done: list[str] = []
+
+    def broken() -> None:
+        done.append("broken")
+        raise RuntimeError("boom")
+
+    def handed() -> None:
+        done.append("handed")
+
+    rt.at_close("hand over a broken layer's entries", broken)
+    rt.at_close("hand over a broken layer's entries", broken)  # registered once
+    rt.at_close("hand over entries", handed)
+    assert [name for name, _ in rt.close_steps()] == [
+        "hand over a broken layer's entries", "hand over entries", "flush uploads", "publish the workload",
+        "close the service connection", "check what was installed", "report stats",
+    ]
+    try:
+        with caplog.at_level(logging.WARNING, logger="kcache"):
+            replaced = ensure_runtime(ClientConfig(url=config.url, local_dir=str(tmp_path / "b")))  # closes rt
+            assert replaced is not rt and done == ["broken", "handed"]
+            rt.close()  # closed already: nothing runs again
+            assert [name for name, _ in replaced.close_steps()][:2] == ["hand over a broken layer's entries", "hand over entries"]
+            stop_runtime()
+        assert done == ["broken", "handed", "broken", "handed"]
+        said = [r.getMessage() for r in caplog.records if "could not hand over a broken layer's entries at exit" in r.getMessage()]
+        assert len(said) == 1 and "boom" in said[0], said  # once per process (warn_once)
+    finally:
+        stop_runtime()

@@ -19,8 +19,8 @@ from kcache.runtime import Runtime
 
 _runtime: Runtime | None = None
 _lock = threading.Lock()
-# A forked child's runtime-to-be: the config of the one its parent ran (see _after_fork_in_child).
-_forked_config: ClientConfig | None = None
+# A forked child's runtime-to-be: made like the one its parent ran (see _after_fork_in_child).
+_forked_from: Runtime | None = None
 
 
 def _report(rt: Runtime) -> None:
@@ -30,8 +30,9 @@ def _report(rt: Runtime) -> None:
 
 
 def get_runtime() -> Runtime | None:
-    if _runtime is None and _forked_config is not None:
-        return ensure_runtime(_forked_config)
+    forked = _forked_from
+    if _runtime is None and forked is not None:
+        return ensure_runtime(forked.config)
     return _runtime
 
 
@@ -40,25 +41,31 @@ def _after_fork_in_child() -> None:
     workers) inherits its parent's runtime object but none of its threads (the uploader, the
     prefetcher: a wait for a prefetch would last ``KCACHE_PREFETCH_WAIT_S``), and would share the
     parent's HTTP connections. The child starts its own runtime, with the same config, at its
-    first use; the parent's uploads, stats and workload stay the parent's."""
-    global _runtime, _lock, _forked_config
+    first use (its layers' close steps too); the parent's uploads, stats and workload stay the
+    parent's."""
+    global _runtime, _lock, _forked_from
     _lock = threading.Lock()  # another thread of the parent may have held it at the fork
     if _runtime is not None:
-        _forked_config, _runtime = _runtime.config, None
+        _forked_from, _runtime = _runtime, None
 
 
 def ensure_runtime(config: ClientConfig) -> Runtime:
     """The running runtime if it has this config (e.g. started early by the workload
     prefetcher), else a new one that replaces it. Atomic, so concurrent starters share one."""
-    global _runtime, _forked_config
+    global _runtime, _forked_from
     with _lock:
-        forked, _forked_config = _forked_config is not None, None
+        forked, _forked_from = _forked_from, None
         if _runtime is not None and _runtime.config == config:
             return _runtime
-        if _runtime is not None:
-            _runtime.close()
+        previous = _runtime
+        if previous is not None:
+            previous.close()
         _runtime = Runtime(config, on_close=_report)
-        if forked:
+        # The installed layers stay installed: their hand-overs run at the new runtime's close.
+        carried = previous if previous is not None else forked
+        if carried is not None:
+            _runtime.adopt_close_steps(carried)
+        if forked is not None:
             _close_with_multiprocessing()
         return _runtime
 
@@ -74,9 +81,9 @@ def _close_with_multiprocessing() -> None:
 
 
 def stop_runtime() -> None:
-    global _runtime, _forked_config
+    global _runtime, _forked_from
     with _lock:
-        _forked_config = None
+        _forked_from = None
         if _runtime is not None:
             _runtime.close()
         _runtime = None

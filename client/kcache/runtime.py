@@ -52,15 +52,8 @@ KERNEL_LAYER = wire.CacheLayer.KERNEL.value
 # Entries that carry the compile time Inductor recorded (``time_taken_ms``).
 RECORDS_COMPILE_TIME = frozenset({wire.CacheLayer.FX_GRAPH.value, wire.CacheLayer.AOT_AUTOGRAD.value})
 T = TypeVar("T")
-# Run at the start of every Runtime.close(), before uploads are flushed: layers whose entries
-# exist only once the job's compiles are done (Dynamo's precompile packages) hand them over here.
-_before_close: list[Callable[[], None]] = []
-
-
-def before_close(hook: Callable[[], None]) -> None:
-    """Register ``hook`` (once) to run at the start of every :meth:`Runtime.close`."""
-    if hook not in _before_close:
-        _before_close.append(hook)
+S = TypeVar("S")
+CloseStep = tuple[str, Callable[[], None]]  # what it does (for its warning), and doing it
 
 
 def producer_info(compile_time_s: float | None = None) -> Producer:
@@ -77,7 +70,9 @@ def producer_info(compile_time_s: float | None = None) -> Producer:
 class Runtime:
     """One process's kcache: reached by every hook through :func:`kcache.current.get_runtime`.
 
-    ``on_close(runtime)`` runs at the end of :meth:`close` (the exit report)."""
+    ``on_close(runtime)`` runs at the end of :meth:`close` (the exit report). :meth:`close` is
+    the list :meth:`close_steps`: the layers' hand-overs (:meth:`at_close`), then the runtime's
+    own steps, in order."""
 
     def __init__(self, config: ClientConfig, on_close: Callable[[Runtime], None] | None = None) -> None:
         self.config = config
@@ -98,6 +93,10 @@ class Runtime:
         self.quarantined: set[tuple[str, str]] = set()
         self._lock = threading.Lock()
         self._closed = False
+        # Each layer's per-process state (what it learned serving this runtime), by its class:
+        # see layer_state.
+        self._layer_states: dict[type, object] = {}
+        self._handovers: list[CloseStep] = []  # layers' steps, run first at close: see at_close
         self.local = LocalEntryStore.of(config)
         self.signing = EntrySigning.from_config(config)
         if self.signing is not None and self.signing.problem is not None:
@@ -107,6 +106,47 @@ class Runtime:
             from kcache.transport.workload import Prefetcher
 
             self.prefetcher = Prefetcher(self.client, config.workload, self.local, config.prefetch_wait_s, config.prefetch_timeout_s).start()
+
+    def layer_state(self, kind: type[S]) -> S:
+        """This runtime's instance of a layer's state class ``kind`` (made, empty, at first use).
+
+        A layer keeps what it learns while serving (keys it looked up, packages it fetched or
+        handed over, timings) here and never in its module: ``uninstall()`` then ``install()``,
+        or an ``install()`` with other options, starts a runtime whose layers know nothing, as
+        in a fresh process."""
+        with self._lock:
+            state = self._layer_states.get(kind)
+            if state is None:
+                state = self._layer_states[kind] = kind()
+            return state  # type: ignore[return-value]
+
+    def at_close(self, name: str, step: Callable[[], None]) -> None:
+        """Register a layer's ``step`` (once) to run at the start of :meth:`close`, before uploads
+        are flushed: layers whose entries exist only once the job's compiles are done (Dynamo's
+        precompile packages) hand them over here. ``name`` says what it does ("could not NAME at
+        exit" if it raises)."""
+        with self._lock:
+            if all(step != known for _, known in self._handovers):
+                self._handovers.append((name, step))
+
+    def adopt_close_steps(self, previous: Runtime) -> None:
+        """The layers' steps of the runtime this one replaces (another ``install()``, a forked
+        child's first use): the layers stay installed, so their hand-overs run at this one's close."""
+        for name, step in list(previous._handovers):
+            self.at_close(name, step)
+
+    def close_steps(self) -> list[CloseStep]:
+        """What :meth:`close` does, in order."""
+        with self._lock:
+            handovers = list(self._handovers)
+        return [
+            *handovers,
+            ("flush uploads", self._flush_uploads),
+            ("publish the workload", self._publish_workload),
+            ("close the service connection", self._close_client),
+            ("check what was installed", self._post_install_checks),
+            ("report stats", self._report),
+        ]
 
     def miss_reason(self) -> str:
         hint = self.prefetcher.miss_hint if self.prefetcher is not None else None
@@ -561,14 +601,18 @@ class Runtime:
         return self.client is None or self.client.known_dead()
 
     def close(self) -> None:
+        """Run :meth:`close_steps` once, each fail-open: one that raises is one warning, and the
+        next still runs."""
         if self._closed:
             return
         self._closed = True
-        for hook in list(_before_close):
+        for name, step in self.close_steps():
             try:
-                hook()
+                step()
             except Exception as exc:
-                warn_once("could not hand over entries at exit", exc)
+                warn_once(f"could not {name} at exit", exc)
+
+    def _flush_uploads(self) -> None:
         # A job that exits right after compiling still hands its uploads to a healthy service,
         # whether or not the service answered this process before; a service known to be dead
         # (refused, or the breaker open) costs nothing, and any other wait is capped.
@@ -577,6 +621,8 @@ class Runtime:
             if dropped:
                 why = "the service is unreachable" if self.service_known_dead() else f"still pending after {self.config.flush_timeout_s:g}s"
                 warn_once(f"{dropped} uploads dropped at exit: {why}")
+
+    def _publish_workload(self) -> None:
         if self.client is not None and self.config.workload and self.config.can_write and (self.used_kernels or self.used_entries):
             from kcache.transport.workload import publish
 
@@ -584,13 +630,13 @@ class Runtime:
                 publish(self.client, self.config.workload, self.used_kernels, self.used_entries)
             except KcacheError as exc:
                 self.stats.put_error("workload", type(exc).__name__)
+
+    def _close_client(self) -> None:
         if self.client is not None and (self.uploader is None or self.uploader.idle()):
             # Otherwise leave it open: the uploader thread may still be finishing a request,
             # which then fails or succeeds on its own and is counted either way.
             self.client.close()
-        self._post_install_checks()
-        if self._on_close is not None:
-            try:  # stats file, summary line, run stats: see kcache.current
-                self._on_close(self)
-            except Exception as exc:
-                warn_once("could not report stats at exit", exc)
+
+    def _report(self) -> None:
+        if self._on_close is not None:  # stats file, summary line, run stats: see kcache.current
+            self._on_close(self)

@@ -72,7 +72,7 @@ from kcache.current import get_runtime
 from kcache.host import patching
 from kcache.host.after_import import call_after_import, imported
 from kcache.host.failopen import guard, warn_once
-from kcache.runtime import Runtime, before_close
+from kcache.runtime import Runtime
 from kcache.store import fingerprint
 
 log = logging.getLogger("kcache.layers.vllm_compile_cache")
@@ -138,7 +138,9 @@ def install() -> None:
     """Serve the layer once vLLM's compile decorators have loaded (or now, if they have)."""
     global _served
     _served = True
-    before_close(wait_for_uploads)
+    rt = get_runtime()
+    if rt is not None:  # activation made it first
+        rt.at_close("finish vLLM uploads", wait_for_uploads)
     call_after_import(DECORATORS, _hook_decorators)
 
 

@@ -90,6 +90,7 @@ import threading
 import time
 import types
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
@@ -102,7 +103,7 @@ from kcache.host.after_import import call_after_import, imported
 from kcache.host.failopen import guard, warn_once
 from kcache.layers.dynamo import package_envelope as dynamo_entries
 from kcache.layers.dynamo import payoff as dynamo_payoff
-from kcache.runtime import before_close
+from kcache.runtime import Runtime
 from kcache.store import fingerprint
 
 log = logging.getLogger("kcache.layers.dynamo.packages")
@@ -116,53 +117,67 @@ BYTECODE_MODULE = "torch._dynamo.bytecode_transformation"
 _NUMBERED_GLOBAL = re.compile(r"^__\w*_(\d+)$")
 KEY_PREFIX = "pt2-precompile-v2:"  # v2: stored in kcache.layers.dynamo.package_envelope' envelope
 
-_served = False
-_lock = threading.Lock()
-_service_keys: dict[str, str | None] = {}  # torch's source id -> service key (None: ambiguous)
-_from_service: set[str] = set()  # source ids fetched from kcache: already stored there
-_handed_over: set[str] = set()  # source ids this process uploaded
-_compiling = threading.local()  # .backend: the torch.compile backend being wrapped right now
-_original_write: Callable[..., Any] | None = None  # torch's own store: fetched entries are not uploaded again
-_incomplete: set[str] = set()  # source ids whose last package torch wrote had a bypassed code
-_saving = threading.local()  # .active: kcache's save at exit is writing (incomplete ones are skipped)
-_refused: set[str] = set()  # source ids whose kcache package torch could not load: not fetched again
-# Guard states kcache unpickled while checking a fetched package, by their pickled bytes: torch's
-# install gets these objects instead of unpickling the same bytes a second time.
-_preloaded: dict[bytes, Any] = {}
-# The package entries themselves, by torch's source id: torch's read of the file kcache wrote
-# gets the object already unpickled (its backends run to hundreds of MB).
-_preloaded_entries: dict[str, Any] = {}
-_original_load_guards: Callable[[bytes], Any] | None = None
-# Reports of packages that did not pay, sent off the compile thread; joined at close.
-_reports: list[threading.Thread] = []
+# torch's own guard loader, on kcache's hook of it: fetched packages are checked with torch's.
+_ORIGINAL = "_kcache_original"
+
+
+@dataclass
+class Served:
+    """What the layer learned serving one runtime (:meth:`Runtime.layer_state`): a reinstalled
+    kcache, or one installed with other options, starts with none of it, as a fresh process
+    does (a package fetched from the last runtime's service is not the new one's)."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    service_keys: dict[str, str | None] = field(default_factory=dict)  # torch's source id -> service key (None: ambiguous)
+    from_service: set[str] = field(default_factory=set)  # source ids fetched from kcache: already stored there
+    handed_over: set[str] = field(default_factory=set)  # source ids this runtime uploaded
+    incomplete: set[str] = field(default_factory=set)  # source ids whose last package torch wrote had a bypassed code
+    refused: set[str] = field(default_factory=set)  # source ids whose kcache package torch could not load: not fetched again
+    # Guard states kcache unpickled while checking a fetched package, by their pickled bytes:
+    # torch's install gets these objects instead of unpickling the same bytes a second time.
+    preloaded: dict[bytes, Any] = field(default_factory=dict)
+    # The package entries themselves, by torch's source id: torch's read of the file kcache wrote
+    # gets the object already unpickled (its backends run to hundreds of MB).
+    preloaded_entries: dict[str, Any] = field(default_factory=dict)
+    reports: list[threading.Thread] = field(default_factory=list)  # verdicts sent off the compile thread; joined at close
+    compiling: threading.local = field(default_factory=threading.local)  # .backend: the torch.compile backend being wrapped
+    saving: threading.local = field(default_factory=threading.local)  # .active: kcache's save at exit is writing
+
+
+def _state(rt: Runtime | None) -> Served:
+    """``rt``'s state of this layer (a throwaway where no runtime runs: nothing is kept)."""
+    return rt.layer_state(Served) if rt is not None else Served()
+
+
+def _serving(rt: Runtime | None) -> bool:
+    """Whether this layer serves ``rt``: a hook that fires after ``uninstall()`` (torch imported
+    its module later) or under a runtime that did not select the layer does nothing."""
+    return rt is not None and selected(rt.config)
 
 
 def install() -> None:
     """Serve the layer once torch's precompile modules have loaded (kcache installs while torch
     may still be importing them)."""
-    global _served
-    _served = True
-    before_close(save_pending)
-    before_close(finish_reports)
+    rt = get_runtime()
+    if rt is not None:  # activation made it first
+        rt.at_close("save Dynamo's precompile packages", save_pending)
+        rt.at_close("report Dynamo packages that did not pay", finish_reports)
     call_after_import(EVAL_FRAME_MODULE, _hook_eval_frame)
     call_after_import(PACKAGE_MODULE, _hook_package)
 
 
 def uninstall() -> None:
     """Hand over what this process compiled (through the hooks, still in place), then unhook."""
-    global _served, _original_write, _original_load_guards
     with guard("could not save Dynamo's precompile packages"):
         save_pending()
     with guard("could not report Dynamo packages that did not pay"):
         finish_reports()
-    _served = False
     patching.restore(PATCHES)
     dynamo_payoff.uninstall()
-    _original_write = None
-    _original_load_guards = None
-    with _lock:
-        _preloaded.clear()
-        _preloaded_entries.clear()
+    state = _state(get_runtime())
+    with state.lock:
+        state.preloaded.clear()
+        state.preloaded_entries.clear()
 
 
 def _precompile_on() -> bool:
@@ -173,13 +188,17 @@ def _precompile_on() -> bool:
 # ---- hooks ---------------------------------------------------------------------------------------
 
 
+def _original(hooked: Any) -> Any:
+    """torch's own function behind a hook of this layer (or ``hooked`` itself: not hooked)."""
+    return getattr(hooked, _ORIGINAL, hooked)
+
+
 def _hook_package(module: types.ModuleType) -> None:
-    global _original_write, _original_load_guards
     with guard("could not hook Dynamo's precompile cache; layer dynamo not served"):
         cls = getattr(module, "DiskDynamoCache", None)
         load = patching.current(cls, "load") if isinstance(cls, type) else None
         write = getattr(cls, "_write_to_local_cache", None)
-        if not _served or getattr(load, "__wrapped__", None) is not None:
+        if not _serving(get_runtime()) or getattr(load, "__wrapped__", None) is not None:
             return  # uninstalled before the module loaded, or hooked already
         source_id = getattr(getattr(module, "CompilePackage", None), "source_id_from_fn", None)
         if not (callable(load) and callable(write) and callable(getattr(cls, "path_prefix", None)) and callable(source_id)):
@@ -191,15 +210,14 @@ def _hook_package(module: types.ModuleType) -> None:
                     "not served (Dynamo traces as without kcache; the other layers still serve)"
                 )
             return
-        _original_write = write
-        patching.patch(PATCHES, cls, "load", _wrap_load(module, load))
+        # Fetched packages are written with torch's own store, unhooked: the service has them.
+        patching.patch(PATCHES, cls, "load", _wrap_load(module, load, write))
         patching.patch(PATCHES, cls, "_write_to_local_cache", _wrap_write(write))
         store = getattr(cls, "write", None)
         if callable(store):
             patching.patch(PATCHES, cls, "write", _wrap_store(store))
         load_guards = getattr(module, "load_guards_state", None)
         if callable(load_guards):  # CompilePackage.install calls it through the module's globals
-            _original_load_guards = load_guards
             patching.patch(PATCHES, module, "load_guards_state", _wrap_load_guards(load_guards))
         read = getattr(cls, "read", None)
         if callable(read):  # load_cache_entry(key) -> self.read(key)
@@ -215,17 +233,19 @@ def _hook_eval_frame(module: types.ModuleType) -> None:
     with guard("could not learn torch.compile's backend for Dynamo's precompile keys; layer dynamo not served"):
         ctx = getattr(module, "_TorchDynamoContext", None)
         original = patching.current(ctx, "__call__") if isinstance(ctx, type) else None
-        if not _served or not callable(original) or getattr(original, "__wrapped__", None) is not None:
+        if not _serving(get_runtime()) or not callable(original) or getattr(original, "__wrapped__", None) is not None:
             return
 
         @functools.wraps(original)
         def __call__(self: Any, fn: Any) -> Any:
-            previous = getattr(_compiling, "backend", None)
-            _compiling.backend = getattr(self, "callback", None)
+            state = _state(get_runtime())
+            compiling = state.compiling
+            previous = getattr(compiling, "backend", None)
+            compiling.backend = getattr(self, "callback", None)
             # torch.compile(module) calls this again for the module's forward, inside: the
             # outermost call loads the package and is the one judged.
-            depth = getattr(_compiling, "depth", 0)
-            _compiling.depth = depth + 1
+            depth = getattr(compiling, "depth", 0)
+            compiling.depth = depth + 1
             outermost = depth == 0
             started = time.perf_counter()
             try:
@@ -235,7 +255,7 @@ def _hook_eval_frame(module: types.ModuleType) -> None:
                     wrapped = original(self, fn)  # torch's, unguarded
                     if outermost:
                         with guard("could not judge a Dynamo package kcache supplied"):
-                            dynamo_payoff.installed(getattr(self, "_package", None), time.perf_counter() - started)
+                            dynamo_payoff.installed(getattr(self, "_package", None), time.perf_counter() - started, _not_paying)
                     return wrapped
                 except Exception as exc:
                     recovered = False
@@ -245,21 +265,21 @@ def _hook_eval_frame(module: types.ModuleType) -> None:
                         raise  # not a package kcache supplied, or no way back: torch's own behaviour
                 return original(self, fn)  # torch again: a miss now, so Dynamo compiles
             finally:
-                _compiling.backend = previous
-                _compiling.depth = depth
-                with _lock:  # what torch did not ask for (it loaded nothing, or failed first)
-                    _preloaded.clear()
-                    _preloaded_entries.clear()
+                compiling.backend = previous
+                compiling.depth = depth
+                with state.lock:  # what torch did not ask for (it loaded nothing, or failed first)
+                    state.preloaded.clear()
+                    state.preloaded_entries.clear()
 
         patching.patch(PATCHES, ctx, "__call__", __call__)
 
 
-def _wrap_load(module: types.ModuleType, original: Callable[..., Any]) -> Callable[..., Any]:
+def _wrap_load(module: types.ModuleType, original: Callable[..., Any], write: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def load(self: Any, fn: Any, *args: Any, **kwargs: Any) -> Any:
         fetched: dynamo_payoff.Supplied | None = None
         with guard("dynamo lookup failed"):
-            fetched = _fetch(module, self, fn)
+            fetched = _fetch(module, self, fn, write)
         result = original(self, fn, *args, **kwargs)  # torch's, unguarded
         if fetched is not None and result is not None:
             dynamo_payoff.loaded(fetched)  # judged once torch.compile's wrapping installed it
@@ -268,12 +288,13 @@ def _wrap_load(module: types.ModuleType, original: Callable[..., Any]) -> Callab
                 # torch could not read what kcache wrote (it counted dynamo_cache_error, said why
                 # and compiles): out of its dir, and out of service.
                 source_id = str(module.CompilePackage.source_id_from_fn(fn))
-                with _lock:
-                    _from_service.discard(source_id)
-                    _refused.add(source_id)
-                    key = _service_keys.get(source_id)
-                shutil.rmtree(os.path.join(self.path_prefix(), source_id), ignore_errors=True)
                 rt = get_runtime()
+                state = _state(rt)
+                with state.lock:
+                    state.from_service.discard(source_id)
+                    state.refused.add(source_id)
+                    key = state.service_keys.get(source_id)
+                shutil.rmtree(os.path.join(self.path_prefix(), source_id), ignore_errors=True)
                 if rt is not None and key is not None:
                     rt.quarantine(LAYER, key, "torch could not read the package (DynamoCache.load)")
         return result
@@ -298,14 +319,15 @@ def _wrap_store(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def write(self: Any, cache_entry: Any, path: str, *args: Any, **kwargs: Any) -> Any:
         complete = True
+        state = _state(get_runtime())
         with guard("dynamo store failed"):
             complete = _complete(cache_entry)
-            with _lock:
+            with state.lock:
                 if complete:
-                    _incomplete.discard(str(path))
+                    state.incomplete.discard(str(path))
                 else:
-                    _incomplete.add(str(path))
-        if getattr(_saving, "active", False) and (not complete or _refused_by_service(str(path))):
+                    state.incomplete.add(str(path))
+        if getattr(state.saving, "active", False) and (not complete or _refused_by_service(str(path))):
             # kcache's own save: do not leave torch a package it cannot load, nor one the
             # fleet found unloadable or not paying (the next process of this node would load it)
             return None
@@ -354,8 +376,9 @@ def _past_package_names(package: Any) -> None:
 
 def _refused_by_service(source_id: str) -> bool:
     rt = get_runtime()
-    with _lock:
-        key = _service_keys.get(source_id)
+    state = _state(rt)
+    with state.lock:
+        key = state.service_keys.get(source_id)
     return rt is not None and key is not None and (LAYER, key) in rt.quarantined
 
 
@@ -363,10 +386,13 @@ def _wrap_load_guards(original: Callable[[bytes], Any]) -> Callable[[bytes], Any
     @functools.wraps(original)
     def load_guards_state(guards_state: bytes) -> Any:
         state = None
-        with guard("dynamo lookup failed"), _lock:
-            state = _preloaded.pop(guards_state, None) if _preloaded else None
+        with guard("dynamo lookup failed"):
+            served = _state(get_runtime())
+            with served.lock:
+                state = served.preloaded.pop(guards_state, None) if served.preloaded else None
         return state if state is not None else original(guards_state)  # torch's, unguarded
 
+    setattr(load_guards_state, _ORIGINAL, original)  # unloadable checks with torch's own
     return load_guards_state
 
 
@@ -374,8 +400,10 @@ def _wrap_read(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def read(self: Any, path: str, *args: Any, **kwargs: Any) -> Any:
         entry = None
-        with guard("dynamo lookup failed"), _lock:
-            entry = _preloaded_entries.pop(path, None) if _preloaded_entries else None
+        with guard("dynamo lookup failed"):
+            served = _state(get_runtime())
+            with served.lock:
+                entry = served.preloaded_entries.pop(path, None) if served.preloaded_entries else None
         return entry if entry is not None else original(self, path, *args, **kwargs)  # torch's, unguarded
 
     return read
@@ -396,12 +424,14 @@ def _recover(ctx: Any, fn: Any, exc: Exception) -> bool:
     nn = imported("torch.nn")
     fn_key = fn.forward if nn is not None and isinstance(fn, nn.Module) else fn  # what torch loads for
     source_id = str(cls.source_id_from_fn(fn_key))
-    with _lock:
-        if source_id not in _from_service:
+    rt = get_runtime()
+    state = _state(rt)
+    with state.lock:
+        if source_id not in state.from_service:
             return False  # the user's own package: torch's behaviour stands
-        _from_service.discard(source_id)
-        _refused.add(source_id)
-        key = _service_keys.get(source_id)
+        state.from_service.discard(source_id)
+        state.refused.add(source_id)
+        key = state.service_keys.get(source_id)
     store = getattr(package_module, "DynamoCache", None)
     prefix = getattr(store, "path_prefix", None)
     if callable(prefix):
@@ -410,7 +440,6 @@ def _recover(ctx: Any, fn: Any, exc: Exception) -> bool:
         with guard("could not uninstall a Dynamo package torch failed to load"):
             package.uninstall()  # globals it installed before failing
     cls.__init__(package, None)  # empty and uninitialized, as torch.compile made it
-    rt = get_runtime()
     if rt is not None and key is not None:
         rt.quarantine(LAYER, key, f"{type(exc).__name__}: {exc}"[:512])
     return True
@@ -439,7 +468,7 @@ def unloadable(module: types.ModuleType, data: bytes, *, keep_for: str | None = 
     ``load_guards_state`` (what ``CompilePackage.install`` does; a bypassed code installs no
     guards). ``keep_for``: the source id torch will read the package for; the unpickled entry
     and states are handed to torch's read and install, which then unpickle nothing twice."""
-    load = _original_load_guards or getattr(module, "load_guards_state", None) or pickle.loads
+    load = _original(getattr(module, "load_guards_state", None)) or pickle.loads
     guards = imported("torch._dynamo.guards")
     state_cls = getattr(guards, "GuardsState", None)
     loaded: dict[bytes, Any] = {}
@@ -456,9 +485,10 @@ def unloadable(module: types.ModuleType, data: bytes, *, keep_for: str | None = 
     except Exception as exc:
         return f"{type(exc).__name__}: {exc}"[:512]
     if keep_for is not None:
-        with _lock:
-            _preloaded.update(loaded)
-            _preloaded_entries[keep_for] = entry
+        state = _state(get_runtime())
+        with state.lock:
+            state.preloaded.update(loaded)
+            state.preloaded_entries[keep_for] = entry
     return None
 
 
@@ -471,25 +501,23 @@ def _complete(cache_entry: Any) -> bool:
 # ---- lookup and store ----------------------------------------------------------------------------
 
 
-def _fetch(module: types.ModuleType, store: Any, fn: Any) -> dynamo_payoff.Supplied | None:
+def _fetch(module: types.ModuleType, store: Any, fn: Any, write: Callable[..., Any]) -> dynamo_payoff.Supplied | None:
     """On a local miss, put kcache's entry where torch's ``load`` reads it; what it put there."""
     rt = get_runtime()
-    if rt is None or not _served:
+    if rt is None or not _serving(rt):
         return None
+    state = _state(rt)
     source_id = str(module.CompilePackage.source_id_from_fn(fn))
     key = service_key(fn)
-    with _lock:
-        known = _service_keys.setdefault(source_id, key)
+    with state.lock:
+        known = state.service_keys.setdefault(source_id, key)
         if known != key:  # two functions of this process share torch's source id: torch mixes them
-            _service_keys[source_id] = None
+            state.service_keys[source_id] = None
             return None
-        if source_id in _refused:
+        if source_id in state.refused:
             return None  # torch could not load kcache's package for it, or it did not pay: compile
     if os.path.exists(os.path.join(store.path_prefix(), source_id)):
         return None  # torch's own local entry: torch reads it
-    write = _original_write
-    if write is None:
-        return None
     data = rt.get_entry(LAYER, key)
     if data is None:
         return None
@@ -499,13 +527,13 @@ def _fetch(module: types.ModuleType, store: Any, fn: Any) -> dynamo_payoff.Suppl
     except ValueError as exc:
         stored, problem = None, str(exc)
     if stored is None or problem is not None:  # torch would raise it (only a RuntimeError spares the job)
-        with _lock:
-            _refused.add(source_id)
+        with state.lock:
+            state.refused.add(source_id)
         rt.quarantine(LAYER, key, problem or "unreadable")
         return None
     write(store, stored.package, source_id)  # torch's atomic write, unhooked: the service has it
-    with _lock:
-        _from_service.add(source_id)
+    with state.lock:
+        state.from_service.add(source_id)
     return dynamo_payoff.Supplied(source_id, key, stored.compile_s)
 
 
@@ -513,27 +541,29 @@ def _not_paying(supplied: dynamo_payoff.Supplied, reason: str) -> None:
     """A package kcache supplied did not pay here (:mod:`kcache.layers.dynamo.payoff`): this process
     does not fetch it again, the next process of this node does not find it in torch's dir, and
     the service is told (off the compile thread) so that no node receives it again."""
-    with _lock:
-        _refused.add(supplied.source_id)
+    rt = get_runtime()
+    state = _state(rt)
+    with state.lock:
+        state.refused.add(supplied.source_id)
     package = imported(PACKAGE_MODULE)
     prefix = getattr(getattr(package, "DynamoCache", None), "path_prefix", None)
     if callable(prefix):
         shutil.rmtree(os.path.join(prefix(), supplied.source_id), ignore_errors=True)
-    rt = get_runtime()
     if rt is None:
         return
     report = threading.Thread(target=rt.quarantine, args=(LAYER, supplied.key, reason), kwargs={"unprofitable": True},
                               name="kcache-dynamo-verdict", daemon=True)
-    with _lock:
-        _reports.append(report)
+    with state.lock:
+        state.reports.append(report)
     report.start()
 
 
 def finish_reports() -> None:
     """Wait (at most the flush timeout) for the reports of packages that did not pay."""
-    with _lock:
-        reports, _reports[:] = list(_reports), []
     rt = get_runtime()
+    state = _state(rt)
+    with state.lock:
+        reports, state.reports[:] = list(state.reports), []
     deadline = time.monotonic() + (rt.config.flush_timeout_s if rt is not None else 5.0)
     for report in reports:
         report.join(max(0.0, deadline - time.monotonic()))
@@ -541,13 +571,14 @@ def finish_reports() -> None:
 
 def _upload(source_id: str, pickled: bytes) -> None:
     rt = get_runtime()
-    if rt is None or not _served:
+    if rt is None or not _serving(rt):
         return
-    with _lock:
-        key = _service_keys.get(source_id)
-        if key is None or source_id in _from_service or source_id in _incomplete:
-            return  # a lookup this process did not see, an ambiguous id, the service's own entry, or incomplete
-        _handed_over.add(source_id)
+    state = _state(rt)
+    with state.lock:
+        key = state.service_keys.get(source_id)
+        if key is None or source_id in state.from_service or source_id in state.incomplete:
+            return  # a lookup this runtime did not see, an ambiguous id, the service's own entry, or incomplete
+        state.handed_over.add(source_id)
     if (LAYER, key) in rt.quarantined:
         return  # the service refuses it: a node found it unloadable or not paying
     module = imported(PACKAGE_MODULE)
@@ -565,7 +596,8 @@ def _upload(source_id: str, pickled: bytes) -> None:
 def save_pending() -> None:
     """Have torch write the packages this process compiled and did not hand over (what
     ``torch.compiler.save_cache_artifacts()`` does for them), so the store hook uploads them."""
-    if not _served or not patching.is_patched(PATCHES) or get_runtime() is None:
+    rt = get_runtime()
+    if rt is None or not _serving(rt) or not patching.is_patched(PATCHES):
         return
     context = imported("torch._dynamo.precompile_context")
     if context is None or not _precompile_on():
@@ -575,16 +607,16 @@ def save_pending() -> None:
     save = getattr(ctx, "save_to_dynamo_cache", None)
     if not isinstance(entries, dict) or not callable(save):
         return
-    rt = get_runtime()
-    with _lock:
-        pending = [s for s in entries if _service_keys.get(s) and s not in _from_service and s not in _handed_over
-                   and (rt is None or (LAYER, _service_keys[s]) not in rt.quarantined)]
+    state = _state(rt)
+    with state.lock:
+        pending = [s for s in entries if state.service_keys.get(s) and s not in state.from_service
+                   and s not in state.handed_over and (LAYER, state.service_keys[s]) not in rt.quarantined]
     if pending:
-        _saving.active = True
+        state.saving.active = True
         try:
             save()
         finally:
-            _saving.active = False
+            state.saving.active = False
 
 
 # ---- the service key -----------------------------------------------------------------------------
@@ -602,7 +634,7 @@ def service_key(fn: Any) -> str:
                      getattr(code, "co_firstlineno", None), _code_digest(code) if code is not None else None],
         "sources": _source_digests(target, owner),
         "tree": _module_tree(owner),
-        "backend": _backend_identity(getattr(_compiling, "backend", None)),
+        "backend": _backend_identity(getattr(_state(get_runtime()).compiling, "backend", None)),
         "configs": _configs(),
     }
     blob = json.dumps(_normalize(material)).encode()

@@ -35,9 +35,10 @@ import time
 import types
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from kcache.current import get_runtime
 from kcache.host import patching
 from kcache.host.after_import import imported
 from kcache.host.failopen import guard
@@ -59,41 +60,49 @@ class Supplied:
 # Called with (supplied, reason) when a supplied package did not pay (set by kcache.layers.dynamo.packages).
 Verdict = Callable[[Supplied, str], None]
 
-_lock = threading.Lock()
-_on_verdict: Verdict | None = None
-_compile_s: dict[str, float] = {}  # source id -> seconds its compiles took in this process
-_by_compile_id: dict[str, str] = {}  # torch's compile id -> source id of the package compiling it
-_backward_started: dict[str, float] = {}  # compile id -> when its lazy backward compile started
-# Packages kcache supplied and torch installed, until Dynamo compiles one of their codes.
-_watched: weakref.WeakKeyDictionary[Any, tuple[Supplied, float]] = weakref.WeakKeyDictionary()
-_pending = threading.local()  # .supplied: the package torch's load returned in this thread
+@dataclass
+class Measured:
+    """What the payoff rule measured in one runtime (:meth:`Runtime.layer_state`): a reinstalled
+    kcache starts with none of it, as a fresh process does."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    compile_s: dict[str, float] = field(default_factory=dict)  # source id -> seconds its compiles took
+    by_compile_id: dict[str, str] = field(default_factory=dict)  # torch's compile id -> source id compiling
+    backward_started: dict[str, float] = field(default_factory=dict)  # compile id -> its lazy backward's start
+    # Packages kcache supplied and torch installed, until Dynamo compiles one of their codes.
+    watched: weakref.WeakKeyDictionary[Any, tuple[Supplied, float]] = field(default_factory=weakref.WeakKeyDictionary)
+    pending: threading.local = field(default_factory=threading.local)  # .supplied: what torch's load returned
+
+
+def _measured() -> Measured:
+    """The current runtime's measurements (a throwaway where none runs: nothing is kept)."""
+    rt = get_runtime()
+    return rt.layer_state(Measured) if rt is not None else Measured()
 
 
 def install(module: types.ModuleType, on_verdict: Verdict) -> None:
-    """Time and watch ``CompilePackage.code_context`` of ``torch._dynamo.package``."""
-    global _on_verdict
+    """Time and watch ``CompilePackage.code_context`` of ``torch._dynamo.package``; a package
+    found not paying goes to ``on_verdict``."""
     cls = getattr(module, "CompilePackage", None)
     original = patching.current(cls, "code_context") if isinstance(cls, type) else None
     if not callable(original) or getattr(original, "_kcache_payoff", False):
         return  # not this torch's, or wrapped already (torch's own is a contextmanager: it has __wrapped__)
-    _on_verdict = on_verdict
-    patching.patch(PATCHES, cls, "code_context", _wrap_code_context(original))
+    patching.patch(PATCHES, cls, "code_context", _wrap_code_context(original, on_verdict))
 
 
 def uninstall() -> None:
-    global _on_verdict
     patching.restore(PATCHES)
-    _on_verdict = None
     handler = getattr(imported(CALLBACK_MODULE), "callback_handler", None)
     for name, callback in (("start_callbacks", _on_start), ("end_callbacks", _on_end)):
         callbacks = getattr(handler, name, None)
         if isinstance(callbacks, list) and callback in callbacks:
             callbacks.remove(callback)
-    with _lock:
-        _compile_s.clear()
-        _by_compile_id.clear()
-        _backward_started.clear()
-        _watched.clear()
+    state = _measured()
+    with state.lock:
+        state.compile_s.clear()
+        state.by_compile_id.clear()
+        state.backward_started.clear()
+        state.watched.clear()
 
 
 def judge(load_s: float, compile_s: float | None) -> str | None:
@@ -105,8 +114,9 @@ def judge(load_s: float, compile_s: float | None) -> str | None:
 
 def compile_seconds(source_id: str) -> float | None:
     """What compiling the package of ``source_id`` took this process, if it compiled any of it."""
-    with _lock:
-        return _compile_s.get(source_id)
+    state = _measured()
+    with state.lock:
+        return state.compile_s.get(source_id)
 
 
 # ---- consumer ------------------------------------------------------------------------------------
@@ -114,26 +124,27 @@ def compile_seconds(source_id: str) -> float | None:
 
 def loaded(supplied: Supplied) -> None:
     """torch's ``DynamoCache.load`` returned the package kcache supplied (this thread)."""
-    _pending.supplied = supplied
+    _measured().pending.supplied = supplied
 
 
 def forget_loaded() -> None:
-    _pending.supplied = None
+    _measured().pending.supplied = None
 
 
-def installed(package: Any, load_s: float) -> None:
+def installed(package: Any, load_s: float, on_verdict: Verdict) -> None:
     """``torch.compile``'s wrapping returned after ``load_s`` seconds: judge the package torch
     loaded in it (if kcache supplied one and torch installed it), then watch it for a retrace."""
-    supplied: Supplied | None = getattr(_pending, "supplied", None)
-    _pending.supplied = None
+    state = _measured()
+    supplied: Supplied | None = getattr(state.pending, "supplied", None)
+    state.pending.supplied = None
     if supplied is None or package is None or not _installed(package):
         return  # no package of kcache's, or torch could not use it and compiles (a miss)
     reason = judge(load_s, supplied.compile_s)
     if reason is not None:
-        _verdict(supplied, reason)
+        on_verdict(supplied, reason)
         return
-    with _lock:
-        _watched[package] = (supplied, load_s)
+    with state.lock:
+        state.watched[package] = (supplied, load_s)
 
 
 def _installed(package: Any) -> bool:
@@ -142,19 +153,13 @@ def _installed(package: Any) -> bool:
     return isinstance(codes, dict) and any(getattr(entry, "guarded_codes", None) for entry in codes.values())
 
 
-def _verdict(supplied: Supplied, reason: str) -> None:
-    on_verdict = _on_verdict
-    if on_verdict is not None:
-        on_verdict(supplied, reason)
-
-
 # ---- producer (and the consumer's retrace) -------------------------------------------------------
 
 
-def _wrap_code_context(original: Callable[..., Any]) -> Callable[..., Any]:
+def _wrap_code_context(original: Callable[..., Any], on_verdict: Verdict) -> Callable[..., Any]:
     @functools.wraps(original)
     def code_context(self: Any, code: Any) -> Any:
-        return _FrameCompile(original(self, code), self, code)  # torch's, unguarded
+        return _FrameCompile(original(self, code), self, code, on_verdict)  # torch's, unguarded
 
     code_context._kcache_payoff = True  # type: ignore[attr-defined]
     return code_context
@@ -165,13 +170,13 @@ class _FrameCompile:
     frame's compile context: timed for the package's producer record, and the end of a supplied
     package's watch."""
 
-    def __init__(self, inner: Any, package: Any, code: Any) -> None:
-        self._inner, self._package, self._code = inner, package, code
+    def __init__(self, inner: Any, package: Any, code: Any, on_verdict: Verdict) -> None:
+        self._inner, self._package, self._code, self._on_verdict = inner, package, code, on_verdict
         self._started: float | None = None
 
     def __enter__(self) -> Any:
         with guard("could not time a Dynamo frame compile for its package"):
-            self._started = _frame_started(self._package, self._code)
+            self._started = _frame_started(self._package, self._code, self._on_verdict)
         return self._inner.__enter__()
 
     def __exit__(self, *exc_info: Any) -> Any:
@@ -183,25 +188,27 @@ class _FrameCompile:
                     _add(str(self._package.source_id), time.perf_counter() - self._started)
 
 
-def _frame_started(package: Any, code: Any) -> float:
+def _frame_started(package: Any, code: Any, on_verdict: Verdict) -> float:
     source_id = str(package.source_id)
     compile_id = _current_compile_id()
-    with _lock:
+    state = _measured()
+    with state.lock:
         if compile_id is not None:
-            _by_compile_id[compile_id] = source_id
-        watched = _watched.pop(package, None)
+            state.by_compile_id[compile_id] = source_id
+        watched = state.watched.pop(package, None)
     _ensure_callbacks()
     if watched is not None:
         supplied, load_s = watched
         name = getattr(code, "co_name", "?")
-        _verdict(supplied, f"Dynamo traced {name} again after kcache installed it (its guards failed here), "
+        on_verdict(supplied, f"Dynamo traced {name} again after kcache installed it (its guards failed here), "
                            f"on top of {load_s:.2f}s loading it")
     return time.perf_counter()
 
 
 def _add(source_id: str, seconds: float) -> None:
-    with _lock:
-        _compile_s[source_id] = _compile_s.get(source_id, 0.0) + seconds
+    state = _measured()
+    with state.lock:
+        state.compile_s[source_id] = state.compile_s.get(source_id, 0.0) + seconds
 
 
 def _current_compile_id() -> str | None:
@@ -229,8 +236,9 @@ def _is_backward(args: Any) -> bool:
 def _on_start(args: Any) -> None:
     with guard("could not time a lazy backward compile"):
         if _is_backward(args):
-            with _lock:
-                _backward_started[str(args.compile_id)] = time.perf_counter()
+            state = _measured()
+            with state.lock:
+                state.backward_started[str(args.compile_id)] = time.perf_counter()
 
 
 def _on_end(args: Any) -> None:
@@ -238,8 +246,9 @@ def _on_end(args: Any) -> None:
         if not _is_backward(args):
             return
         compile_id = str(args.compile_id)
-        with _lock:
-            started = _backward_started.pop(compile_id, None)
-            source_id = _by_compile_id.get(compile_id)
+        state = _measured()
+        with state.lock:
+            started = state.backward_started.pop(compile_id, None)
+            source_id = state.by_compile_id.get(compile_id)
         if started is not None and source_id is not None:
             _add(source_id, time.perf_counter() - started)
