@@ -91,7 +91,7 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore")
 
     host: str = "127.0.0.1"
-    port: int = Field(default=8765, ge=1, le=65535)
+    port: int = Field(default=8765, ge=0, le=65535)  # 0: a free port, as the OS picks it
     workers: int = Field(default=1, ge=1)
     data_dir: Path = Field(default_factory=default_data_dir)
     blob_url: str | None = None
