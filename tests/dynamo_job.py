@@ -9,6 +9,8 @@ prints ``RESULT <json>``: the outputs and gradients, and torch's own cache count
 once its backward is compiled, so torch's package of that job lacks its graphs ("Backend not
 found") and marks their code bypassed. ``DYNAMO_JOB_BATCH=N`` (default 8): the input's batch size;
 a package compiled for another one fails its shape guards, so Dynamo traces again.
+``DYNAMO_JOB_THEN_BATCH=N``: after the step, one more forward with batch size N (a later call
+with new shapes: Dynamo traces again whether or not a package served the first one).
 """
 
 from __future__ import annotations
@@ -44,7 +46,8 @@ torch.manual_seed(0)
 model = Net()
 x = torch.randn(int(os.environ.get("DYNAMO_JOB_BATCH", "8")), 16)
 t_call = time.perf_counter()
-out = torch.compile(model)(x)
+compiled = torch.compile(model)
+out = compiled(x)
 forward_only = os.environ.get("DYNAMO_JOB_FORWARD_ONLY") == "1"
 if not forward_only:
     out.pow(2).sum().backward()
@@ -52,9 +55,12 @@ t_done = time.perf_counter()
 # Not asserted anywhere (timings belong in bench/), only shown when a test fails.
 print(f"TIMES import {T_IMPORTED - T0:.2f}s, first step {t_done - t_call:.2f}s", file=sys.stderr)
 assert forward_only or model.up.weight.grad is not None
+then = os.environ.get("DYNAMO_JOB_THEN_BATCH")
+then_out = compiled(torch.randn(int(then), 16)) if then else None
 print("RESULT " + json.dumps({
     "out": [round(v, 5) for v in out.detach().flatten().tolist()],
     "grad": None if forward_only else round(float(model.up.weight.grad.norm()), 5),
+    "then_shape": None if then_out is None else list(then_out.shape),
     "precompile": bool(torch._dynamo.config.caching_precompile),
     "dynamo_cache": dict(counters["dynamo_cache"]),
     "fx_graph": {k: v for k, v in counters["inductor"].items() if k.startswith("fxgraph_cache")},

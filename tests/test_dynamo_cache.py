@@ -102,6 +102,18 @@ def test_a_fresh_node_skips_dynamo_with_the_package_another_node_compiled(live_s
     assert "unprofitable" not in _verification(Node(tmp_path / "b"))
     assert client.get_entry("dynamo", keys[0])[0] == stored
 
+    # Node C: served the same, then a later call with another batch size, so Dynamo traces
+    # forward again (new shapes, work a node does with or without the package). The package
+    # served C's first step: it paid, and stays served (before kcache watched which frames a
+    # package served, this retrace took it out of the fleet).
+    c = run_node(Node(tmp_path / "c"), DYNAMO_JOB_THEN_BATCH="4", **fleet)
+    assert c["dynamo_cache"] == {"dynamo_cache_hit": 1} and (c["out"], c["grad"]) == (a["out"], a["grad"])
+    assert c["then_shape"] == [4, 4] and c["fx_graph"], "the later call compiled"
+    assert not c["kcache_lines"], c["kcache_lines"]
+    assert "unprofitable" not in _verification(Node(tmp_path / "c"))
+    assert c["stats"]["dynamo"]["puts"] == 0 and c["stats"]["dynamo"]["errors"] == 0, c["stats"]["dynamo"]
+    assert client.get_entry("dynamo", keys[0])[0] == stored
+
 
 def _install(url: str, tmp_path: Path, mode: str = "readonly") -> Any:
     import kcache
@@ -445,6 +457,12 @@ def test_a_package_dynamo_traces_again_is_served_to_no_other_node(live_service, 
     (reason,) = _verification(Node(tmp_path / "b"))["unprofitable"]
     assert reason.startswith("dynamo: Dynamo traced forward again"), reason
     assert not list((tmp_path / "b" / "tmp").glob("torchinductor_*/dynamo/*/entry")), "not left for B's next process"
+    # What `kcache stats` prints of B's stats file: the finding, under the rule's name.
+    from kcache.reporting.report import format_text
+    from kcache.store.counters import load_stats
+
+    shown = format_text(load_stats(tmp_path / "b" / "stats.json"))
+    assert "Did not pay (loaded slower than its producer compiled it, or Dynamo traced a frame it had not served)" in shown, shown
 
     # What the next node meets (a node's run against a quarantined package, saving and uploading
     # nothing for its key, is test_a_package_torch_cannot_load_is_quarantined_and_the_job_goes_on's).

@@ -227,7 +227,7 @@ def _verification_lines(doc: StatsDocument) -> list[str]:
         return []
     titles = {"fetched_unused": "Fetched, never used", "emitted_then_compiled": "Installed, then compiled anyway",
               "refused": "Refused", "quarantined": "Torch could not load it: quarantined",
-              "unprofitable": "Did not pay (loading cost more than compiling, or Dynamo traced again): quarantined"}
+              "unprofitable": "Did not pay (loaded slower than its producer compiled it, or Dynamo traced a frame it had not served): quarantined"}
     lines = ["", "Post-install checks"]
     for kind, reasons in doc.verification.items():
         for reason, n in sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0])):

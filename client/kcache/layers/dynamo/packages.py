@@ -47,11 +47,14 @@ kcache serves that cache fleet-wide:
   package the seconds its compiles took (Dynamo, AOTAutograd and Inductor of the package's
   frames, lazy backward compiles included; stored in :mod:`kcache.layers.dynamo.package_envelope`' envelope and
   as the entry's compile time). A consumer times ``torch.compile``'s wrapping with the package
-  kcache supplied (lookup, fetch, unpickle, check, write, torch's initialize and install) and
-  watches whether Dynamo compiles any of the package's codes afterwards. The rule: a package
-  **does not pay if Dynamo traced it again** after install (a guard that fails on this node: the
-  work it was to skip is done anyway, on top of the load), **or if loading it took at least as
-  long as compiling it took its producer**. Such a package leaves torch's dir and the local
+  kcache supplied (lookup, fetch, unpickle, check, write, torch's initialize and install),
+  notes which of the package's frames it served (a one-shot probe on each compiled graph torch
+  installed from it) and watches whether Dynamo traces a frame afterwards. The rule: a package
+  **does not pay if Dynamo traced one of its frames again before the package served it** here
+  (a guard that fails on this node: the work it was to skip is done anyway, on top of the load),
+  **or if loading it took at least as long as compiling it took its producer**. A frame traced
+  after the package served it (a later call with new shapes, ``model.eval()``) is work a node
+  does with or without the package: no verdict. Such a package leaves torch's dir and the local
   tier and is quarantined on the service with the reason ``does not pay: ...`` (reported off
   the compile thread, waited for at exit), so no other node fetches it, no producer uploads the
   key again and no node's save at exit writes it; the consumer that found out keeps what it

@@ -14,22 +14,31 @@ and then Dynamo traced the function again (2.2 s): that node was slower than one
   compile callbacks, trigger ``LAZY_BACKWARD``, keyed by the forward's compile id). It travels
   with the package (:mod:`kcache.layers.dynamo.package_envelope`).
 * on a consumer, the seconds ``torch.compile``'s wrapping of the function took with the package
-  kcache supplied (``load_s``: lookup, fetch, unpickle, check, write, initialize, install), and
-  whether Dynamo then compiled a code of that package again (a guard that fails on this node:
-  the work the package was to skip is done anyway).
+  kcache supplied (``load_s``: lookup, fetch, unpickle, check, write, initialize, install);
+  which of the package's frames it served (a probe on each compiled graph torch installed from
+  it notes the graph's first run, then puts torch's own graph back); and whether Dynamo then
+  traced a frame the package had not served yet (its guards failed on this node: the work the
+  package was to skip is done anyway).
 
-**The rule**: a package does not pay, and is served to no other node, when Dynamo traced any of
-its codes after kcache installed it, or when ``load_s >= compile_s``. A package whose producer
-measured nothing is judged by the retrace alone. The consumer that finds it out has paid already;
-what it does is the quarantine machinery's (:meth:`Runtime.quarantine` with ``unprofitable``): out
-of its local tier and torch's dir, reported to the service (reason ``does not pay: ...``), which
-then answers every node ``quarantined`` and refuses the key's uploads, so producers stop
-re-uploading it and no node saves it at exit.
+**The rule**: a package does not pay, and is served to no other node, when Dynamo traced one of
+its frames after kcache installed it and before the package served that frame here (for a
+frame without a graph, or one the package lacks: before it served any), or when
+``load_s >= compile_s``. A package whose producer measured nothing is judged by the retrace
+alone. A frame traced again after the package served it (a later call with new shapes, or
+``model.eval()``) is new work the node would do without the package too: not a verdict (one
+node's later shapes must not take a package that served its first call out of the fleet).
+
+The consumer that finds it out has paid already; what it does is the quarantine machinery's
+(:meth:`Runtime.quarantine` with ``unprofitable``): out of its local tier and torch's dir,
+reported to the service (reason ``does not pay: ...``), which then answers every node
+``quarantined`` and refuses the key's uploads, so producers stop re-uploading it and no node
+saves it at exit.
 """
 
 from __future__ import annotations
 
 import functools
+import sys
 import threading
 import time
 import types
@@ -60,6 +69,22 @@ class Supplied:
 # Called with (supplied, reason) when a supplied package did not pay (set by kcache.layers.dynamo.packages).
 Verdict = Callable[[Supplied, str], None]
 
+
+@dataclass
+class Watch:
+    """An installed package kcache supplied: what it serves on this node. Holds no reference to
+    the package (the probes in the modules' globals hold this; the package must stay collectable)."""
+
+    supplied: Supplied
+    load_s: float
+    with_graphs: frozenset[Any]  # the package's codes that have compiled graphs
+    served: set[Any] = field(default_factory=set)  # codes whose graphs ran here (set.add: atomic)
+
+    def has_served(self, code: Any) -> bool:
+        """Did the package serve ``code`` here (for a code without graphs of its own: anything)?"""
+        return code in self.served if code in self.with_graphs else bool(self.served)
+
+
 @dataclass
 class Measured:
     """What the payoff rule measured in one runtime (:meth:`Runtime.layer_state`): a reinstalled
@@ -69,8 +94,8 @@ class Measured:
     compile_s: dict[str, float] = field(default_factory=dict)  # source id -> seconds its compiles took
     by_compile_id: dict[str, str] = field(default_factory=dict)  # torch's compile id -> source id compiling
     backward_started: dict[str, float] = field(default_factory=dict)  # compile id -> its lazy backward's start
-    # Packages kcache supplied and torch installed, until Dynamo compiles one of their codes.
-    watched: weakref.WeakKeyDictionary[Any, tuple[Supplied, float]] = field(default_factory=weakref.WeakKeyDictionary)
+    # Packages kcache supplied and torch installed, until Dynamo traces a frame they had not served.
+    watched: weakref.WeakKeyDictionary[Any, Watch] = field(default_factory=weakref.WeakKeyDictionary)
     pending: threading.local = field(default_factory=threading.local)  # .supplied: what torch's load returned
 
 
@@ -143,8 +168,39 @@ def installed(package: Any, load_s: float, on_verdict: Verdict) -> None:
     if reason is not None:
         on_verdict(supplied, reason)
         return
+    codes: dict[Any, Any] = package._codes
+    watch = Watch(supplied, load_s, frozenset(code for code, entry in codes.items() if getattr(entry, "backend_ids", None)))
     with state.lock:
-        state.watched[package] = (supplied, load_s)
+        state.watched[package] = watch
+    _probe_graphs(codes, watch)
+
+
+def _probe_graphs(codes: dict[Any, Any], watch: Watch) -> None:
+    """Replace each compiled graph torch installed from the package (a global the frame's
+    bytecode loads by name at every run) with a probe that notes the frame served and puts
+    torch's own graph back at its first run. Without torch's ``disable`` (Dynamo must not trace
+    the probe) nothing is probed: every retrace then counts, as if nothing had been served."""
+    disable = getattr(imported("torch._dynamo"), "disable", None)
+    if not callable(disable):
+        return
+    for code, entry in codes.items():
+        module = sys.modules.get(str(getattr(entry, "python_module", "")))
+        for backend_id in getattr(entry, "backend_ids", None) or ():
+            scope = getattr(module, "__dict__", None)
+            if isinstance(scope, dict) and callable(scope.get(backend_id)):
+                scope[backend_id] = _probe(scope, str(backend_id), scope[backend_id], watch, code, disable)
+
+
+def _probe(scope: dict[str, Any], name: str, graph: Callable[..., Any], watch: Watch, code: Any,
+           disable: Callable[[Callable[..., Any]], Callable[..., Any]]) -> Callable[..., Any]:
+    def served(*args: Any, **kwargs: Any) -> Any:
+        if scope.get(name) is probe:
+            scope[name] = graph  # once is enough: later runs call torch's graph directly
+        watch.served.add(code)
+        return graph(*args, **kwargs)
+
+    probe = disable(served)
+    return probe
 
 
 def _installed(package: Any) -> bool:
@@ -195,13 +251,16 @@ def _frame_started(package: Any, code: Any, on_verdict: Verdict) -> float:
     with state.lock:
         if compile_id is not None:
             state.by_compile_id[compile_id] = source_id
-        watched = state.watched.pop(package, None)
+        watch = state.watched.get(package)
+        if watch is not None and not watch.has_served(code):
+            state.watched.pop(package, None)
+        else:
+            watch = None  # not kcache's, judged already, or a frame it served: new work, not the package's
     _ensure_callbacks()
-    if watched is not None:
-        supplied, load_s = watched
+    if watch is not None:
         name = getattr(code, "co_name", "?")
-        on_verdict(supplied, f"Dynamo traced {name} again after kcache installed it (its guards failed here), "
-                           f"on top of {load_s:.2f}s loading it")
+        on_verdict(watch.supplied, f"Dynamo traced {name} again after kcache installed it, before it served that frame "
+                                   f"(its guards failed on this node), on top of {watch.load_s:.2f}s loading it")
     return time.perf_counter()
 
 
