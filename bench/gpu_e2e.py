@@ -37,7 +37,9 @@ prerequisite: ``local-warm``/``copied-warm`` after ``cold``, ``kcache-warm`` aft
 (A B C A B C, not A A B B), a fresh node each time for the fresh-node scenarios. The summary
 gives per scenario the median (min-max, n) of all its runs, the ratios of medians issue 26 sets
 targets for (``RATIOS``), and its health: failed runs (exit != 0 or killed), Traceback lines and
-``kcache:`` lines in the nodes' stderr. It ends with a compact markdown table on stdout (also
+``kcache:`` lines in the nodes' stderr, and for Dynamo's packages the runs that fetched one and
+any that did not pay (``NOT PAID``, with the node's reason: kcache then quarantines the package,
+so the scenario's later fresh nodes run without one and its median mixes both; the table says so). It ends with a compact markdown table on stdout (also
 ``<out>/gpu_e2e<tag>.md``). ``--budget-s`` stops starting runs that would end after that many
 seconds (estimates from the runs so far) and still prints the table of what ran.
 
@@ -162,7 +164,10 @@ def child(workload: str, device: str, out: Path, sizes: str = "") -> None:
             if rt.prefetcher is not None:
                 prefetch = {"seconds": rt.prefetcher.seconds, "counts": rt.prefetcher.counts}
             rt.close()  # flush uploads, publish the workload (what atexit would do)
-            stats = {"layers": {n: c.model_dump() for n, c in rt.stats.snapshot().items()}, "prefetch": prefetch, "bundle_emit_s": rt.bundle_emit_s}
+            stats = {"layers": {n: c.model_dump() for n, c in rt.stats.snapshot().items()}, "prefetch": prefetch, "bundle_emit_s": rt.bundle_emit_s,
+                     # post-install findings: "unprofitable" is a Dynamo package that did not pay here
+                     # (kcache.layers.dynamo.payoff), quarantined for the nodes after this one
+                     "verification": rt.stats.document().verification}
     except ImportError:
         pass
     from torch._dynamo.utils import compilation_time_metrics
@@ -782,6 +787,12 @@ def summarize(runs: dict[str, Any]) -> dict[str, Any]:
                 "exceptions": list(dict.fromkeys(x for e in errs for x in e.get("exceptions", [])))[:4],
                 "errors": list(dict.fromkeys(r["error"].split(":")[0] for r in reports if "error" in r))[:3],
                 "kcache_first": list(dict.fromkeys(x for e in errs for x in e.get("kcache_first", [])))[:4],
+                # Dynamo's precompile package (kcache's dynamo layer): runs that fetched one, and
+                # why one did not pay (after that verdict the service serves it to no node, so the
+                # scenario's later fresh nodes run without a package: their times are not its).
+                "package_runs": sum(bool(((r.get("kcache") or {}).get("layers") or {}).get("dynamo", {}).get("hits")) for r in reports),
+                "did_not_pay": list(dict.fromkeys(reason for r in reports
+                                                  for reason in ((r.get("kcache") or {}).get("verification") or {}).get("unprofitable", {})))[:3],
             }
         if not values:
             continue
@@ -854,12 +865,14 @@ def markdown_table(results: dict[str, Any]) -> str:
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines += [
         "",
-        "Health per scenario: runs / failed (exit != 0 or killed) / Traceback lines / `kcache:` lines; time to first result (median s)",
+        "Health per scenario: runs / failed (exit != 0 or killed) / Traceback lines / `kcache:` lines; time to first result (median s); "
+        "`pkg n`: runs that fetched a Dynamo package, `NOT PAID`: one did not pay and was quarantined (later runs go without it)",
         "",
         "| workload | " + " | ".join(_short(s) for s in ran) + " |",
         "|---|" + "---|" * len(ran),
     ]
-    notes = []
+    notes: list[str] = []
+    verdicts: list[str] = []  # first: the 40-line cap must not drop them
     for name, w in workloads.items():
         health, ttfr = w["summary"].get("health", {}), w["summary"].get("time_to_first_result", {})
         cells = []
@@ -870,14 +883,16 @@ def markdown_table(results: dict[str, Any]) -> str:
                 continue
             bad = h["failed"] or h["tracebacks"] or h["kcache_lines"]
             cell = f"{h['runs']}/{h['failed']}/{h['tracebacks']}/{h['kcache_lines']}"
-            cells.append((f"**{cell}**" if bad else cell) + (f"; {ttfr[s]:.1f}" if s in ttfr else ""))
+            package = (f"; pkg {h['package_runs']}" if h.get("package_runs") else "") + ("; **NOT PAID**" if h.get("did_not_pay") else "")
+            cells.append((f"**{cell}**" if bad else cell) + (f"; {ttfr[s]:.1f}" if s in ttfr else "") + package)
+            verdicts += [f"- {name} {s}: Dynamo package did not pay: `{x[:200]}`" for x in h.get("did_not_pay", [])]
             for x in h.get("errors", []) + h["exceptions"][:2] + h["kcache_first"][:2]:
                 notes.append(f"- {name} {s}: `{x[:200]}`")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
         for sk in w.get("skipped", []):
             notes.append(f"- {name} {sk['scenario']} round {sk['round']}: skipped ({sk['why']})")
-    if notes:
-        lines += ["", "Exceptions, `kcache:` lines, skipped runs:", "", *list(dict.fromkeys(notes))[:40]]
+    if notes or verdicts:
+        lines += ["", "Exceptions, `kcache:` lines, skipped runs:", "", *list(dict.fromkeys(verdicts + notes))[:40]]
     return "\n".join(lines) + "\n"
 
 
