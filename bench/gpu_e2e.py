@@ -723,6 +723,8 @@ class WorkloadBench:
 def _one_line(rep: dict[str, Any]) -> str:
     err = rep.get("stderr", {})
     health = f"tb={err.get('tracebacks', '?')} kcache:={err.get('kcache_lines', '?')}"
+    if ((rep.get("kcache") or {}).get("verification") or {}).get("unprofitable"):
+        health += " dynamo-package=NOT-PAID"  # kcache quarantined it: the scenario's next nodes go without
     if "error" in rep:
         first = rep["error"].splitlines()[0][:160]
         exc = (err.get("exceptions") or ["?"])[-1][:200]
