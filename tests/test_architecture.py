@@ -557,16 +557,12 @@ STATE_ALLOWED = {
 # first: test_install_uninstall_install_is_a_fresh_process_for_the_dynamo_layer).
 STATE_NOT_YET_MOVED = {
     "kcache.host.failopen._warned", "kcache.host.failopen._warned_lock",
-    "kcache.layers.inductor.remote_caches._served",
-    "kcache.layers.inductor.triton_bundler._compile_started",
     "kcache.layers.jit.inductor_cpp._headers", "kcache.layers.jit.inductor_cpp._installed",
     "kcache.layers.jit.inductor_cpp._state_lock", "kcache.layers.jit.inductor_cpp._isa_scope",
     "kcache.layers.jit.inductor_cpp._load_scope", "kcache.layers.jit.inductor_cpp._served",
     "kcache.layers.jit.torch_extensions._installed", "kcache.layers.jit.torch_extensions._state_lock",
     "kcache.layers.jit.torch_extensions._building", "kcache.layers.jit.torch_extensions._served",
     "kcache.layers.jit.tvm_ffi._installed", "kcache.layers.jit.tvm_ffi._state_lock", "kcache.layers.jit.tvm_ffi._served",
-    "kcache.layers.key_canary._lock", "kcache.layers.key_canary._served", "kcache.layers.key_canary._pending_fx",
-    "kcache.layers.key_canary._pending_kernels", "kcache.layers.key_canary._decided", "kcache.layers.key_canary._retried",
     "kcache.layers.vllm_compile_cache._served", "kcache.layers.vllm_compile_cache._lock",
     "kcache.layers.vllm_compile_cache._misses", "kcache.layers.vllm_compile_cache._installed",
     "kcache.layers.vllm_compile_cache._uploads", "kcache.layers.vllm_compile_cache._source_check",

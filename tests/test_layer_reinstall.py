@@ -1,0 +1,96 @@
+"""install -> uninstall -> install behaves like a fresh process, layer by layer (issue 27): what a
+layer learns serving a runtime lives in that runtime (``Runtime.layer_state``) or is read from the
+patch registry, never kept in the layer's module, so a new installation starts knowing nothing.
+In-process, against a real service; the Dynamo layer's test is tests/test_dynamo_cache.py's."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.torch
+pytest_plugins = ["live"]
+
+KERNEL_KEY = "A" * 52  # a kernel key the service does not hold
+
+
+@pytest.fixture
+def install(live_service: Any, tmp_path: Path) -> Iterator[Any]:
+    """``kcache.install()`` against the live service (read-only), uninstalled at the end."""
+    import kcache
+
+    def install_(**options: Any) -> Any:
+        from kcache.current import get_runtime
+
+        assert kcache.install(url=live_service.url, local_dir=str(tmp_path / "local"), mode="readonly", **options)
+        return get_runtime()
+
+    try:
+        yield install_
+    finally:
+        kcache.uninstall()
+
+
+def test_inductors_remote_caches_serve_what_the_new_install_selects(install: Any) -> None:
+    """The layers served are read from Inductor's classes, not remembered beside them: after
+    ``uninstall()`` none is, and the next ``install()`` serves what it selects; a predicate module
+    that loads after it (as in a fresh process) is left alone for a layer it does not serve."""
+    import kcache
+    from kcache.layers.inductor import remote_caches
+    from torch._functorch._aot_autograd import autograd_cache
+    from torch._inductor import remote_cache
+
+    install(layers="fx-graph,aot-autograd")
+    assert remote_caches.served_layers() == ["aot-autograd", "fx-graph"]
+    kcache.uninstall()
+    assert remote_caches.served_layers() == []
+    install(layers="autotune")
+    assert remote_caches.served_layers() == ["autotune"]
+    assert remote_cache.RemoteFxGraphCache.__dict__.get("backend_override_cls") is None
+    predicate = autograd_cache.should_use_remote_autograd_cache
+    remote_caches._wrap_predicate("aot-autograd", autograd_cache)  # the module loading now
+    assert autograd_cache.should_use_remote_autograd_cache is predicate
+
+
+def test_a_compile_begun_under_the_last_install_is_credited_no_time(install: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """TritonBundler's compile timing is the runtime's: a graph whose ``begin_compile`` ran under
+    the last installation is collected under the new one with no start time (a fresh process
+    never saw it begin). Failed before: the module's thread-local kept the old start."""
+    import kcache
+    from kcache.layers.inductor import triton_bundler
+    from torch._inductor.triton_bundler import TritonBundler
+
+    collected: list[tuple[Any, float | None]] = []
+    monkeypatch.setattr(triton_bundler, "_upload_collected", lambda rt, bundle, started: collected.append((rt, started)))
+    first = install()
+    TritonBundler.begin_compile()
+    TritonBundler.collect()
+    assert collected == [(first, collected[0][1])] and collected[0][1] is not None  # timed under one runtime
+    TritonBundler.begin_compile()
+    kcache.uninstall()
+    second = install()
+    assert second is not first
+    TritonBundler.collect()
+    assert collected[-1] == (second, None)
+
+
+def test_the_canary_samples_as_a_fresh_process_after_a_reinstall(install: Any) -> None:
+    """What the canary sampled and holds under audit is the runtime's: after ``uninstall()`` and
+    ``install()``, or an ``install()`` with other options, a key is sampled again. The second
+    failed before (the module's sets were cleared only by ``uninstall()``)."""
+    import kcache
+    from kcache.layers import key_canary as canary
+
+    rt = install(canary=1)
+    assert canary.kernel_audit(rt, KERNEL_KEY) is False  # sampled; the service has no such kernel
+    assert canary.kernel_audit(rt, KERNEL_KEY) is None  # once per key
+    kcache.uninstall()
+    rt = install(canary=1)
+    assert canary.kernel_audit(rt, KERNEL_KEY) is False
+    other = install(canary=1, namespace="other")  # another install() replaces the runtime
+    assert other is not rt
+    assert canary.kernel_audit(other, KERNEL_KEY) is False
+    assert canary.kernel_audit(other, KERNEL_KEY) is None
