@@ -563,9 +563,6 @@ STATE_NOT_YET_MOVED = {
     "kcache.layers.jit.torch_extensions._installed", "kcache.layers.jit.torch_extensions._state_lock",
     "kcache.layers.jit.torch_extensions._building", "kcache.layers.jit.torch_extensions._served",
     "kcache.layers.jit.tvm_ffi._installed", "kcache.layers.jit.tvm_ffi._state_lock", "kcache.layers.jit.tvm_ffi._served",
-    "kcache.layers.vllm_compile_cache._served", "kcache.layers.vllm_compile_cache._lock",
-    "kcache.layers.vllm_compile_cache._misses", "kcache.layers.vllm_compile_cache._installed",
-    "kcache.layers.vllm_compile_cache._uploads", "kcache.layers.vllm_compile_cache._source_check",
 }
 _MUTABLE_LITERALS = (ast.Dict, ast.List, ast.Set, ast.ListComp, ast.DictComp, ast.SetComp)
 _MUTABLE_CALLS = {"dict", "set", "list", "defaultdict", "OrderedDict", "deque", "Counter", "count", "local", "Lock", "RLock",

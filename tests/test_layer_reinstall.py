@@ -19,13 +19,13 @@ KERNEL_KEY = "A" * 52  # a kernel key the service does not hold
 
 @pytest.fixture
 def install(live_service: Any, tmp_path: Path) -> Iterator[Any]:
-    """``kcache.install()`` against the live service (read-only), uninstalled at the end."""
+    """``kcache.install()`` against the live service (read-only unless asked), uninstalled at the end."""
     import kcache
 
     def install_(**options: Any) -> Any:
         from kcache.current import get_runtime
 
-        assert kcache.install(url=live_service.url, local_dir=str(tmp_path / "local"), mode="readonly", **options)
+        assert kcache.install(url=live_service.url, local_dir=str(tmp_path / "local"), **{"mode": "readonly", **options})
         return get_runtime()
 
     try:
@@ -94,3 +94,26 @@ def test_the_canary_samples_as_a_fresh_process_after_a_reinstall(install: Any) -
     assert other is not rt
     assert canary.kernel_audit(other, KERNEL_KEY) is False
     assert canary.kernel_audit(other, KERNEL_KEY) is None
+
+
+def test_a_vllm_model_missed_under_the_last_install_is_not_credited_its_compile_time(install: Any, tmp_path: Path,
+                                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The vllm layer's misses (when vLLM began compiling a model kcache lacked), installs and
+    uploads are the runtime's: a model missed under the last installation and saved under the
+    new one is uploaded without a compile time (a fresh process never saw the compile begin).
+    Failed before: the module's dict kept the old miss and credited its start."""
+    import kcache
+    from kcache.layers import vllm_compile_cache as vllm_cache
+
+    uploads: list[tuple[Any, str, float | None]] = []
+    monkeypatch.setattr(vllm_cache, "_upload", lambda rt, entry, key, compile_s: uploads.append((rt, key, compile_s)))
+    model = tmp_path / "vllm" / "torch_compile_cache" / vllm_cache.AOT_DIR / ("ab" * 32) / "rank_0_0" / vllm_cache.MODEL_FILE
+    first = install(layers="vllm", mode="readwrite")
+    assert vllm_cache._lookup(object(), str(model)) is not None  # a miss: vLLM compiles it
+    vllm_cache._upload_soon(str(model))  # vLLM saved it: uploaded with the compile's time
+    assert len(uploads) == 1 and uploads[0][0] is first and uploads[0][2] is not None
+    assert vllm_cache._lookup(object(), str(model)) is not None
+    kcache.uninstall()
+    second = install(layers="vllm", mode="readwrite")
+    vllm_cache._upload_soon(str(model))
+    assert uploads[-1][0] is second and uploads[-1][2] is None
