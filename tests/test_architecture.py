@@ -557,12 +557,6 @@ STATE_ALLOWED = {
 # first: test_install_uninstall_install_is_a_fresh_process_for_the_dynamo_layer).
 STATE_NOT_YET_MOVED = {
     "kcache.host.failopen._warned", "kcache.host.failopen._warned_lock",
-    "kcache.layers.jit.inductor_cpp._headers", "kcache.layers.jit.inductor_cpp._installed",
-    "kcache.layers.jit.inductor_cpp._state_lock", "kcache.layers.jit.inductor_cpp._isa_scope",
-    "kcache.layers.jit.inductor_cpp._load_scope", "kcache.layers.jit.inductor_cpp._served",
-    "kcache.layers.jit.torch_extensions._installed", "kcache.layers.jit.torch_extensions._state_lock",
-    "kcache.layers.jit.torch_extensions._building", "kcache.layers.jit.torch_extensions._served",
-    "kcache.layers.jit.tvm_ffi._installed", "kcache.layers.jit.tvm_ffi._state_lock", "kcache.layers.jit.tvm_ffi._served",
 }
 _MUTABLE_LITERALS = (ast.Dict, ast.List, ast.Set, ast.ListComp, ast.DictComp, ast.SetComp)
 _MUTABLE_CALLS = {"dict", "set", "list", "defaultdict", "OrderedDict", "deque", "Counter", "count", "local", "Lock", "RLock",

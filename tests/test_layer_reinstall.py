@@ -117,3 +117,61 @@ def test_a_vllm_model_missed_under_the_last_install_is_not_credited_its_compile_
     second = install(layers="vllm", mode="readwrite")
     vllm_cache._upload_soon(str(model))
     assert uploads[-1][0] is second and uploads[-1][2] is None
+
+
+def test_a_jit_library_is_known_only_to_the_runtime_that_wrote_it(install: Any, tmp_path: Path) -> None:
+    """The jit layers' records (libraries and modules kcache wrote, deferred headers, builds in
+    flight) are the runtime's (``Builds`` in ``Runtime.layer_state``). torch's extension JIT,
+    driven through kcache's wrappers with stand-ins for torch's functions: runtime 1 builds and
+    uploads a library; after ``uninstall()`` and ``install()``, runtime 2 is served it, and when
+    it does not import runtime 2 takes it back and has ninja build it, counted in its own stats;
+    runtime 1's record of nothing it wrote, and runtime 2's state, start empty."""
+    import kcache
+    from kcache.layers.jit import torch_extensions as extensions
+    from kcache.layers.jit.layer import LAYER
+
+    from kcache_testkit.pace import HANG_S
+
+    build = tmp_path / "build"
+    build.mkdir()
+    (build / "ext.cpp").write_text("int f() { return 1; }\n")
+    (build / "build.ninja").write_text("rule link\n  command = link $in -o $out\nbuild ext.so: link ext.cpp\ndefault ext.so\n")
+    library = build / "ext.so"
+    built = b"\x7fELF built by ninja"
+    ninja_runs: list[str] = []
+    importable = {"yes": True}
+
+    def run_ninja(build_directory: str, *args: Any, **kwargs: Any) -> None:  # torch's _run_ninja_build
+        ninja_runs.append(build_directory)
+        library.write_bytes(built)
+
+    def import_library(module_name: str, path: str, *args: Any, **kwargs: Any) -> str:  # torch's _import_module_from_library
+        if not importable["yes"]:
+            importable["yes"] = True  # the library ninja builds next imports
+            raise ImportError("undefined symbol")
+        return module_name
+
+    ext = type("Ext", (), {"LIB_EXT": ".so"})
+    run = extensions._wrap_run(run_ninja, ext)
+    write = extensions._wrap_write(lambda name: run(str(build)))  # torch's _write_ninja_file_and_build_library
+    load = extensions._wrap_import(import_library, ext)
+
+    first = install(layers="jit", mode="readwrite")
+    write("ext")
+    assert ninja_runs == [str(build)] and load("ext", str(build)) == "ext"  # a miss: ninja built it
+    assert first.uploader is not None and first.uploader.flush(HANG_S)
+    assert first.layer_state(extensions.Builds).installed == {}
+    kcache.uninstall()
+
+    library.unlink()
+    second = install(layers="jit")
+    assert second.layer_state(extensions.Builds).installed == {}  # a fresh process's
+    write("ext")
+    assert ninja_runs == [str(build)] and library.read_bytes() == built  # served by kcache
+    assert list(second.layer_state(extensions.Builds).installed) == [str(library)]
+    importable["yes"] = False
+    assert load("ext", str(build)) == "ext"  # taken back, built by ninja, imported
+    assert ninja_runs == [str(build)] * 2 and second.layer_state(extensions.Builds).installed == {}
+    counts = second.stats.snapshot()[LAYER]
+    assert counts.hits == 1 and counts.error_kinds == {"refused": 1}, counts
+    assert first.layer_state(extensions.Builds).installed == {}
