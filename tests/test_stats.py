@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree as ET
@@ -84,6 +85,68 @@ def test_summary_line() -> None:
     assert "12.4 MB down, 2.0 kB up (2 puts)" in line and "~38.0 s compile saved" in line and "\n" not in line
     assert "(1 errors)" in summary_line(_doc(kernel={"hits": 1, "errors": 1}))
     assert "(no lookups)" in summary_line(_doc())
+
+
+# ---- which tier served each hit ------------------------------------------------------------------
+
+
+def test_each_hit_is_counted_once_under_the_tier_that_served_it(live_service, tmp_path: Path,  # type: ignore[no-untyped-def]
+                                                                monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """One read path (kcache.store.tiered_store): an entry the node's local tier already held is
+    served by ``local``, one the workload's prefetch brought by ``prefetch``, one only the service
+    holds by ``service`` (and back-filled, so its next read is ``local``); each hit counted once,
+    in the stats document, the summary line, ``kcache stats`` and the run the service sums."""
+    from kcache.config import ClientConfig
+    from kcache.host.process_roles import PREFETCH_OWNER_ENV
+    from kcache.runtime import Runtime
+    from kcache.store.local_store import LocalEntryStore
+    from kcache.transport.http import KcacheClient
+    from kcache.transport.workload import publish
+    from kcache_schemas import wire
+
+    layer, workload = "autotune", "tiers"
+    held, promised, on_demand = "k-held-locally", "k-promised", "k-on-demand"
+    writer = KcacheClient(ClientConfig(url=live_service.url, read_timeout_s=HANG_S))  # the test's own calls: a hang guard
+    for key in (held, promised, on_demand):
+        writer.put_entry(layer, key, key.encode())
+    publish(writer, workload, set(), {(layer, promised)})
+    monkeypatch.delenv(PREFETCH_OWNER_ENV, raising=False)  # this process may prefetch
+    config = ClientConfig(url=live_service.url, mode="readonly", workload=workload, local_dir=str(tmp_path / "local"),
+                          read_timeout_s=HANG_S, run_id="tiers-run")
+    LocalEntryStore.of(config).put(layer, held, held.encode())  # an earlier job of the node left it
+
+    rt = Runtime(config)
+    try:
+        assert rt.prefetcher is not None and rt.prefetcher.done.wait(HANG_S)
+        assert rt.prefetcher.counts["entries"] == 1, rt.prefetcher.counts
+        assert rt.get_entry(layer, held) == held.encode()
+        assert rt.get_entry(layer, promised) == promised.encode()
+        assert rt.get_entry(layer, on_demand) == on_demand.encode()
+        counts = rt.stats.snapshot()[layer]
+        assert counts.hits == 3 and counts.served_by == {"local": 1, "prefetch": 1, "service": 1}, counts
+        for writer_thread in [th for th in threading.enumerate() if th.name == "kcache-local-put"]:
+            writer_thread.join(HANG_S)  # the service's copy is back-filled off the compile thread
+        assert rt.get_entry(layer, on_demand) == on_demand.encode()  # now the node's own
+        counts = rt.stats.snapshot()[layer]
+        assert (counts.hits, counts.misses, counts.errors) == (4, 0, 0)
+        assert counts.served_by == {"local": 2, "prefetch": 1, "service": 1}, counts
+    finally:
+        rt.close()
+
+    doc = rt.stats.document(run_id="tiers-run", namespace="default")
+    assert "served by 2 local, 1 prefetch, 1 service" in summary_line(doc)
+    stats_file = tmp_path / "stats.json"
+    write_stats(stats_file, doc)
+    write_stats(stats_file, doc)  # a second process of the same shape: the tiers add up
+    rc, out, _ = run_cli(capsys, "--file", str(stats_file))
+    assert rc == 0 and "Hits served by" in out and "autotune: 4 local, 2 prefetch, 2 service" in out, out
+    assert "autotune 4 local, 2 prefetch, 2 service" in format_markdown(load_stats(stats_file))
+
+    # The run on the service keeps the tiers (the wire contract's served_by).
+    path = wire.path(wire.RUN_STATS, namespace="default", run_id="tiers-run")
+    httpx.post(f"{live_service.url}{path}", json=run_report(doc).model_dump(mode="json"), timeout=HANG_S).raise_for_status()
+    run = httpx.get(f"{live_service.url}{wire.path(wire.RUN, namespace='default', run_id='tiers-run')}", timeout=HANG_S).json()
+    assert run["layers"][layer]["served_by"] == {"local": 2, "prefetch": 1, "service": 1}, run["layers"]
 
 
 # ---- KCACHE_STATS_FILE ---------------------------------------------------------------------------

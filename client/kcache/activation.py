@@ -98,10 +98,6 @@ def deactivate() -> None:
         if layer is not None:
             layer.uninstall()
     patching.restore_all()
-    if "kcache.layers.key_canary" in sys.modules:
-        from kcache.layers import key_canary as canary
-
-        canary.reset()  # audits under way belong to this installation's runtime
     # Otherwise processes started after uninstall() would still autoload kcache from KCACHE_URL.
     for var, value in _env_before.items():
         if value is None:

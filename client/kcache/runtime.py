@@ -26,6 +26,7 @@ from kcache_schemas.key_diff import (
     identity_marker,
 )
 from kcache_schemas.signed_envelope import SignatureError
+from kcache_schemas.wire import ServedBy
 
 if TYPE_CHECKING:
     from kcache_schemas.unsound_reports import UnsoundReport
@@ -37,12 +38,12 @@ from kcache.config import ClientConfig
 from kcache.exceptions import Conflict, InvalidPack, KcacheError, NotFound, Quarantined
 from kcache.host.after_import import imported
 from kcache.host.failopen import warn_once
-from kcache.host.node_lock import NodeLock
 from kcache.host.process_roles import claim_prefetch
 from kcache.store import fx_graph_envelope
 from kcache.store.counters import Stats
 from kcache.store.emitter import EmitOutcome, emit_files, emit_pack_manifest
 from kcache.store.local_store import LocalEntryStore
+from kcache.store.tiered_store import Served, TieredStore
 from kcache.transport.entry_signing import EntrySigning, SigningUnavailable
 from kcache.transport.http import KcacheClient
 from kcache.transport.uploader import EntryUpload, KernelDirUpload, KernelUpload, Uploader
@@ -106,6 +107,8 @@ class Runtime:
             from kcache.transport.workload import Prefetcher
 
             self.prefetcher = Prefetcher(self.client, config.workload, self.local, config.prefetch_wait_s, config.prefetch_timeout_s).start()
+        # Every layer's reads: local tier, a promised prefetch, the service, back-fill.
+        self.tiers = TieredStore(self.local, self.prefetcher, config.prefetch_wait_s, self._may_wait_for_node)
 
     def layer_state(self, kind: type[S]) -> S:
         """This runtime's instance of a layer's state class ``kind`` (made, empty, at first use).
@@ -177,40 +180,12 @@ class Runtime:
             self._unexpected(layer, exc)
         return None
 
-    def _local_or_prefetched(self, layer: str, key: str) -> bytes | None:
-        """The local tier's copy; if the workload's manifest promises one still downloading,
-        wait for it (bounded by ``KCACHE_PREFETCH_WAIT_S``)."""
-        data = self.local.get(layer, key)
-        if data is None and self.prefetcher is not None and self.prefetcher.wait_for(layer, key):
-            data = self.local.get(layer, key)
-        return data
-
-    def _fetch_lock(self, layer: str, key: str) -> tuple[NodeLock | None, bytes | None]:
-        """Before going to the service for what the local tier lacks: this node's lock on the key
-        (one process of the node downloads it; the others wait for it, at most
-        ``KCACHE_PREFETCH_WAIT_S``), and the tier's copy if it arrived meanwhile.
-
-        No lock while the breaker is not closed: a service that failed recently is not worth
-        waiting for (callers behind a half-open probe never wait). A lock that had to be waited
-        for and brought nothing (the holder met a miss or an error) is let go at once: the
-        waiters then ask the service side by side, not one after another."""
+    def _may_wait_for_node(self) -> bool:
+        """Whether a read may wait for another process of the node fetching the same key: not
+        while the breaker is not closed (a service that failed recently is not worth waiting for,
+        and callers behind a half-open probe never wait)."""
         client = self.client
-        if client is None or client.breaker.state != "closed":
-            return None, None
-        lock = self.local.lock(layer, key, self.config.prefetch_wait_s)
-        data = self.local.get(layer, key)
-        if lock.waited and data is None:
-            lock.release()
-            return None, None
-        return lock, data
-
-    def _keep_local(self, layer: str, key: str, data: bytes, lock: NodeLock | None) -> None:
-        """Write a fetched entry into the local tier, then let the node's waiters in."""
-        try:
-            self.local.put(layer, key, data)
-        finally:
-            if lock is not None:
-                lock.release()
+        return client is not None and client.breaker.state == "closed"
 
     # ---- kernels --------------------------------------------------------------------------
 
@@ -219,22 +194,16 @@ class Runtime:
         with self._lock:
             self.used_kernels.add(key)
 
-    def _kernel_pack(self, client: KcacheClient, key: str) -> bytes | None:
-        """A kernel's pack from the local tier (a workload prefetch or ``kcache warm`` put it
-        there), else the service (kept in the local tier for the node's other processes); None on
-        a miss or an error. Unverified: emitting it verifies it."""
-        pack = self._local_or_prefetched(KERNEL_LAYER, key)
-        if pack is None:
-            lock, pack = self._fetch_lock(KERNEL_LAYER, key)
-            try:
-                if pack is None:
-                    pack = self._remote(KERNEL_LAYER, lambda: client.get_pack(key))
-                    if pack is not None:  # for the node's other processes (verified when emitted)
-                        self.local.put(KERNEL_LAYER, key, pack)
-            finally:
-                if lock is not None:
-                    lock.release()
-        return pack
+    def _kernel_pack(self, client: KcacheClient, key: str) -> Served[bytes] | None:
+        """A kernel's pack from the tiered store (a workload prefetch or ``kcache warm`` put it
+        in the local tier), else the service (kept in the local tier for the node's other
+        processes); None on a miss or an error. Unverified: emitting it verifies it."""
+
+        def service() -> tuple[bytes, float | None] | None:
+            pack = self._remote(KERNEL_LAYER, lambda: client.get_pack(key))
+            return None if pack is None else (pack, None)
+
+        return self.tiers.read(KERNEL_LAYER, key, service, lambda pack, _tier: pack)
 
     def kernel_pack(self, key: str) -> bytes | None:
         """The pack kcache would emit for ``key``, not emitted (the canary compiles the kernel
@@ -244,11 +213,12 @@ class Runtime:
             return None
         self.compile_activity()
         with self.stats.timed(KERNEL_LAYER):
-            pack = self._kernel_pack(client, key)
-        if pack is not None:
-            self.stats.hit(KERNEL_LAYER, len(pack))
-            self.note_kernel(key)
-        return pack
+            served = self._kernel_pack(client, key)
+        if served is None:
+            return None
+        self.stats.hit(KERNEL_LAYER, len(served.stored), served_by=served.tier)
+        self.note_kernel(key)
+        return served.stored
 
     def fetch_kernel(self, key: str, cache_dir: Path) -> EmitOutcome | None:
         """Emit a kernel into ``cache_dir`` (the dir the asking Triton or Inductor uses) from the
@@ -262,9 +232,10 @@ class Runtime:
             return None
         self.compile_activity()
         with self.stats.timed(KERNEL_LAYER):
-            pack = self._kernel_pack(client, key)
-            if pack is None:
+            served = self._kernel_pack(client, key)
+            if served is None:
                 return None
+            pack = served.stored
             try:
                 outcome, manifest = emit_pack_manifest(cache_dir, pack, expected_key=key, check_target=self.config.check_target)
             except (PackError, InvalidPack) as exc:
@@ -279,7 +250,7 @@ class Runtime:
             except Exception as exc:
                 self._unexpected(KERNEL_LAYER, exc)
                 return None
-        self._count_emit(outcome, len(pack), manifest.producer.compile_time_s or 0.0)
+        self._count_emit(outcome, len(pack), manifest.producer.compile_time_s or 0.0, served.tier)
         self.note_kernel(key)
         self._emitted(key, cache_dir, outcome)
         return outcome
@@ -305,12 +276,12 @@ class Runtime:
             same = emitted.resolve() == cache_dir.resolve()
             self.stats.verify("emitted_then_compiled", "kernel: same dir" if same else "kernel: written into another dir")
 
-    def _count_emit(self, outcome: EmitOutcome, nbytes: int, saved_s: float) -> None:
+    def _count_emit(self, outcome: EmitOutcome, nbytes: int, saved_s: float, tier: ServedBy) -> None:
         if outcome is EmitOutcome.SKIPPED_TARGET:
             self.stats.skipped(KERNEL_LAYER, "target_mismatch")
             self.stats.verify("refused", "kernel: built for another GPU")
         else:
-            self.stats.hit(KERNEL_LAYER, nbytes, saved_s)  # the producer's compile time, not ours
+            self.stats.hit(KERNEL_LAYER, nbytes, saved_s, tier)  # the producer's compile time, not ours
 
     def upload_kernel_dir(self, key: str, path: Path, now: bool = False) -> None:
         self.note_kernel(key)
@@ -354,58 +325,47 @@ class Runtime:
             self.stats.miss(layer, "quarantined")
             return None
         self.compile_activity()
+        client = self.client
+        refused: SignatureError | None = None  # the local tier's copy's, said if nothing better comes
+        answered = False  # the service sent a copy
+
+        def accept(stored: bytes, tier: ServedBy) -> bytes | None:
+            nonlocal refused, answered
+            opened = self._open(layer, key, stored)
+            if tier is not ServedBy.SERVICE:
+                # A prefetched entry no trusted key signed, one kept from before the keys changed,
+                # or a damaged copy: dropped, the service may hold a better one (or refuse it the same).
+                if isinstance(opened, SignatureError):
+                    refused = opened
+                    return None
+                return None if self._invalid(layer, key, opened, validate) is not None else opened
+            answered = True
+            if isinstance(opened, SignatureError):
+                self._refused(layer, opened)
+                return None
+            if (why := self._invalid(layer, key, opened, validate)) is not None:
+                if quarantine_invalid:
+                    self.quarantine(layer, key, why, stored)
+                return None
+            return opened
+
+        def service() -> tuple[bytes, float | None] | None:
+            return None if client is None else self._remote(layer, lambda: client.get_entry(layer, key), key)
+
         with self.stats.timed(layer):
-            refused: SignatureError | None = None
-            data: bytes | None = None
-            compile_time: float | None = None
-            stored = self._local_or_prefetched(layer, key)
-            lock: NodeLock | None = None
-            if stored is None and self.client is not None:
-                lock, stored = self._fetch_lock(layer, key)
-            try:
-                if stored is not None:
-                    opened = self._open(layer, key, stored)
-                    if isinstance(opened, SignatureError):
-                        # A prefetched entry no trusted key signed, or one kept from before the keys
-                        # changed: drop it, the service may hold a better one (or refuse it the same).
-                        refused = opened
-                        self.local.discard(layer, key)
-                    elif self._invalid(layer, key, opened, validate) is not None:
-                        self.local.discard(layer, key)  # a damaged copy: the service's may be whole
-                    else:
-                        data = opened
-                if data is None:
-                    client = self.client
-                    if client is None:
-                        self._refused(layer, refused)
-                        return None
-                    got = self._remote(layer, lambda: client.get_entry(layer, key), key)
-                    if got is None:
-                        self._refused(layer, refused)
-                        return None
-                    stored, compile_time = got
-                    opened = self._open(layer, key, stored)
-                    if isinstance(opened, SignatureError):
-                        self._refused(layer, opened)
-                        return None
-                    data = opened
-                    if (why := self._invalid(layer, key, data, validate)) is not None:
-                        if quarantine_invalid:
-                            self.quarantine(layer, key, why, stored)
-                        return None
-                    # Off the compile thread (max-autotune FX entries run to hundreds of MB); not
-                    # a daemon, so the interpreter lets the (atomic) write finish at exit. The
-                    # node's lock on the key goes with it: waiters look once the entry is there.
-                    keep, lock = lock, None
-                    threading.Thread(target=self._keep_local, args=(layer, key, stored, keep), name="kcache-local-put").start()
-            finally:
-                if lock is not None:
-                    lock.release()
+            # A service copy is kept in the local tier off the compile thread (max-autotune FX
+            # entries run to hundreds of MB).
+            served = self.tiers.read(layer, key, None if client is None else service, accept, backfill_in_background=True)
+            if served is None:
+                if not answered:
+                    self._refused(layer, refused)
+                return None
+        data, compile_time = served.value, served.compile_time_s
         if compile_time is None and layer in RECORDS_COMPILE_TIME:
             # From the local tier or a prefetch (no service header): the time Inductor recorded
             # in the entry, so the same hit credits the same whichever tier served it.
             compile_time = fx_graph_envelope.recorded_compile_time_s(data)
-        self.stats.hit(layer, len(data), compile_time or 0.0)
+        self.stats.hit(layer, len(data), compile_time or 0.0, served.tier)
         with self._lock:
             self.used_entries.add((layer, key))
         return data

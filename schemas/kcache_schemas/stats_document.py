@@ -82,6 +82,9 @@ class LayerCounts(_Lenient):
     saved_s: float = Field(default=0.0, ge=0)
     miss_reasons: Reasons = Field(default_factory=dict)
     error_kinds: Reasons = Field(default_factory=dict)
+    # hits by the tier that served them (wire.ServedBy: local, prefetch, service); they add up
+    # to ``hits``, except in documents of clients before the tiers were counted (none there).
+    served_by: Reasons = Field(default_factory=dict)
 
     @property
     def lookups(self) -> int:
@@ -95,7 +98,7 @@ class LayerCounts(_Lenient):
         """Both added up: counters, times (rounded to a microsecond) and reasons."""
         values: dict[str, Any] = {k: getattr(self, k) + getattr(other, k) for k in _COUNTS}
         values.update({k: round(getattr(self, k) + getattr(other, k), 6) for k in _TIMES})
-        for name in ("miss_reasons", "error_kinds"):
+        for name in ("miss_reasons", "error_kinds", "served_by"):
             merged = dict(getattr(self, name))
             for reason, n in getattr(other, name).items():
                 merged[reason] = merged.get(reason, 0) + n

@@ -98,6 +98,17 @@ class CacheLayer(str, enum.Enum):
 ENTRY_LAYERS = tuple(layer.value for layer in CacheLayer if layer is not CacheLayer.KERNEL)
 
 
+class ServedBy(str, enum.Enum):
+    """The tier of the client's tiered store (kcache.store.tiered_store) that served a hit: the
+    node's local tier as it was when asked, the workload's prefetch (brought into the tier by
+    this process's prefetch, or waited for while it downloads), or the service on demand. A
+    layer's ``served_by`` counts (kcache_schemas.stats_document) add up to its hits."""
+
+    LOCAL = "local"
+    PREFETCH = "prefetch"
+    SERVICE = "service"
+
+
 # ---- kernels:batch-get -------------------------------------------------------------------------
 # A tar stream: ``index.json`` first, then ``<key>.kpack`` per found key.
 BATCH_INDEX = "index.json"

@@ -28,7 +28,8 @@ context and environments, and the suspects (``kcache explain --key KEY``).
 What it cannot catch: output that is not a function of the key's inputs on any node (autotuning
 picks winners by measuring: graphs compiled with ``max_autotune`` or coordinate-descent tuning
 are not audited, counted as ``audit_skipped``), and a factor that is the same on the sampled node
-and the producer. Each key is sampled at most once per process; a key under audit reads as a
+and the producer. Each key is sampled at most once per process (per runtime: what the canary
+samples and holds under audit is the runtime's, :class:`Audits`); a key under audit reads as a
 miss until its compile is compared.
 """
 
@@ -40,7 +41,7 @@ import random
 import re
 import sys
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -85,22 +86,22 @@ class _ServedGraph:
     debug_lines: tuple[str, ...]  # this node's key parts, as Inductor printed them
 
 
-_lock = threading.Lock()
-_served = threading.local()  # the FX entry kcache last handed to Inductor on this thread
-_pending_fx: dict[str, _ServedGraph] = {}  # Inductor's graph key -> the served graph under audit
-_pending_kernels: dict[str, bytes] = {}  # kernel key -> the served pack under audit
-_decided: set[tuple[str, str]] = set()  # keys sampled or passed over: once per process
-_retried: set[str] = set()  # graph keys under audit asked for again (AOTAutograd's retry)
+@dataclass
+class Audits:
+    """The canary's audits under one runtime (:meth:`Runtime.layer_state`): a reinstalled
+    kcache samples and audits as a fresh process does, and an audit under way belongs to the
+    installation that started it."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    served: threading.local = field(default_factory=threading.local)  # .entry: the FX entry last handed to Inductor on this thread
+    pending_fx: dict[str, _ServedGraph] = field(default_factory=dict)  # Inductor's graph key -> the served graph under audit
+    pending_kernels: dict[str, bytes] = field(default_factory=dict)  # kernel key -> the served pack under audit
+    decided: set[tuple[str, str]] = field(default_factory=set)  # keys sampled or passed over: once per runtime
+    retried: set[str] = field(default_factory=set)  # graph keys under audit asked for again (AOTAutograd's retry)
 
 
-def reset() -> None:
-    """Forget every audit (uninstall, tests)."""
-    with _lock:
-        _pending_fx.clear()
-        _pending_kernels.clear()
-        _decided.clear()
-        _retried.clear()
-    _served.entry = None
+def audits(rt: Runtime) -> Audits:
+    return rt.layer_state(Audits)
 
 
 def _on(rt: Runtime | None) -> bool:
@@ -108,11 +109,12 @@ def _on(rt: Runtime | None) -> bool:
 
 
 def _sampled(rt: Runtime, layer: str, key: str) -> bool:
-    """Whether to audit this hit: once per key and process, with probability KCACHE_CANARY."""
-    with _lock:
-        if (layer, key) in _decided:
+    """Whether to audit this hit: once per key and runtime, with probability KCACHE_CANARY."""
+    state = audits(rt)
+    with state.lock:
+        if (layer, key) in state.decided:
             return False
-        _decided.add((layer, key))
+        state.decided.add((layer, key))
     share = rt.config.canary
     return share >= 1 or random.random() < share
 
@@ -128,29 +130,33 @@ def _autotuned() -> bool:
 def note_served(layer: str, service_key: str, stored: bytes) -> None:
     """kcache handed Inductor an FX-graph entry (its remote backend's read): remembered on this
     thread until the lookup returns. Only while the canary is on."""
-    if layer == FX_GRAPH and _on(get_runtime()):
-        _served.entry = (service_key, stored)
+    rt = get_runtime()
+    if layer == FX_GRAPH and rt is not None and _on(rt):
+        audits(rt).served.entry = (service_key, stored)
 
 
 def fx_lookup(answer: Any, key: str) -> Any:
     """``FxGraphCache.load_with_key``'s answer, or a miss in its place when this hit is audited
     (or its key is under audit): Inductor then compiles the graph on its normal path, and
     :func:`fx_compiled` compares when Inductor stores it."""
-    served = getattr(_served, "entry", None)
-    _served.entry = None
     rt = get_runtime()
-    if rt is None or not _on(rt) or not (isinstance(answer, tuple) and len(answer) == 2 and isinstance(answer[1], dict)):
+    if rt is None:
+        return answer
+    state = audits(rt)
+    served = getattr(state.served, "entry", None)
+    state.served.entry = None
+    if not _on(rt) or not (isinstance(answer, tuple) and len(answer) == 2 and isinstance(answer[1], dict)):
         return answer
     graph, info = answer
     if info.get("cache_state") != "hit":
         return answer
-    with _lock:
-        under_audit = key in _pending_fx
-        first_retry = under_audit and key not in _retried
+    with state.lock:
+        under_audit = key in state.pending_fx
+        first_retry = under_audit and key not in state.retried
         if first_retry:
-            _retried.add(key)
+            state.retried.add(key)
         elif under_audit:  # asked a third time, never compiled: the audit is given up, the hit used
-            del _pending_fx[key]
+            del state.pending_fx[key]
     if first_retry:  # asked again before its compile was compared (AOTAutograd's retry)
         return None, {**info, "cache_state": "miss"}
     if under_audit:
@@ -171,8 +177,8 @@ def fx_lookup(answer: Any, key: str) -> Any:
     # The quarantine names the stored bytes: what Inductor got, unless a signature envelope was
     # opened on the way (then the local tier's stored copy is hashed when it is reported).
     stored_sha256 = _sha(served[1]) if rt.signing is None else ""
-    with _lock:
-        _pending_fx[key] = _ServedGraph(
+    with state.lock:
+        state.pending_fx[key] = _ServedGraph(
             served[0], stored_sha256, normalise(source),
             tuple(line for line in lines if isinstance(line, str)) if isinstance(lines, list) else (),
         )
@@ -184,10 +190,13 @@ def fx_compiled(service_key: str, data: bytes) -> bool:
     audit, compare it with the served one. True: it was an audit (not to be uploaded: the key
     holds the served entry, or it is quarantined)."""
     key = graph_key(service_key)
-    with _lock:
-        served = _pending_fx.pop(key, None)
     rt = get_runtime()
-    if served is None or rt is None:
+    if rt is None:
+        return False
+    state = audits(rt)
+    with state.lock:
+        served = state.pending_fx.pop(key, None)
+    if served is None:
         return False
     import pickle
 
@@ -218,16 +227,17 @@ def kernel_audit(rt: Runtime, key: str) -> bool | None:
     no such kernel (a miss)."""
     if not _on(rt):
         return None
-    with _lock:
-        if key in _pending_kernels:
+    state = audits(rt)
+    with state.lock:
+        if key in state.pending_kernels:
             return True
     if not _sampled(rt, KERNEL, key):
         return None
     pack = rt.kernel_pack(key)
     if pack is None:
         return False
-    with _lock:
-        _pending_kernels[key] = pack
+    with state.lock:
+        state.pending_kernels[key] = pack
     return True
 
 
@@ -248,8 +258,9 @@ def _kernel_texts(files: dict[str, bytes]) -> tuple[dict[str, str], dict[str, by
 def kernel_compiled(rt: Runtime, key: str, kernel_dir: Path) -> bool:
     """Triton stored a kernel it compiled (its cache manager's ``put_group``): if the kernel is
     under audit, compare its dir with the served pack. True: it was an audit (not uploaded)."""
-    with _lock:
-        pack = _pending_kernels.pop(key, None)
+    state = audits(rt)
+    with state.lock:
+        pack = state.pending_kernels.pop(key, None)
     if pack is None:
         return False
     from kcache_schemas import PackError

@@ -92,12 +92,26 @@ _SKIP_SUFFIXES = (".lock", ".tmp")
 _RANK = re.compile(r"rank_\d{1,4}_\d{1,4}")
 _HASH = re.compile(r"[0-9a-f]{64}")
 
-_served = False
-_lock = threading.Lock()
-_misses: dict[str, tuple[str, float]] = {}  # model path -> (service key, when vLLM started compiling)
-_installed: dict[str, tuple[str, int, int]] = {}  # model path -> (service key, size, mtime_ns) kcache wrote
-_uploads: list[threading.Thread] = []
-_source_check = threading.local()  # .changed: vLLM's source check refused the model being loaded
+
+
+@dataclasses.dataclass
+class Models:
+    """What the layer learned serving one runtime (:meth:`Runtime.layer_state`): a reinstalled
+    kcache, or one installed with other options, knows none of it, as a fresh process does."""
+
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+    # model path -> (service key, when vLLM started compiling)
+    misses: dict[str, tuple[str, float]] = dataclasses.field(default_factory=dict)
+    # model path -> (service key, size, mtime_ns) kcache wrote
+    installed: dict[str, tuple[str, int, int]] = dataclasses.field(default_factory=dict)
+    uploads: list[threading.Thread] = dataclasses.field(default_factory=list)  # joined at close
+    # .changed: vLLM's source check refused the model being loaded
+    source_check: threading.local = dataclasses.field(default_factory=threading.local)
+
+
+def _state(rt: Runtime | None) -> Models:
+    """``rt``'s state of this layer (a throwaway where no runtime runs: nothing is kept)."""
+    return rt.layer_state(Models) if rt is not None else Models()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,8 +150,6 @@ def locate(model_path: str) -> AotEntry | None:
 
 def install() -> None:
     """Serve the layer once vLLM's compile decorators have loaded (or now, if they have)."""
-    global _served
-    _served = True
     rt = get_runtime()
     if rt is not None:  # activation made it first
         rt.at_close("finish vLLM uploads", wait_for_uploads)
@@ -145,10 +157,8 @@ def install() -> None:
 
 
 def uninstall() -> None:
-    global _served
     with guard("could not finish vLLM uploads"):
         wait_for_uploads()
-    _served = False
     patching.restore(PATCHES)
 
 
@@ -156,8 +166,9 @@ def _hook_decorators(module: types.ModuleType) -> None:
     with guard("could not hook vLLM's compile cache; layer vllm not served"):
         load = patching.current(module, "_try_load_aot_compiled_fn")
         verify = patching.current(module, "_verify_source_unchanged")
-        if not _served or getattr(load, "__wrapped__", None) is not None:
-            return  # uninstalled before the module loaded, or hooked already
+        rt = get_runtime()
+        if rt is None or not selected(rt.config) or getattr(load, "__wrapped__", None) is not None:
+            return  # uninstalled before the module loaded (or not selected), or hooked already
         if not callable(load):
             warn_once("this vLLM has no _try_load_aot_compiled_fn; layer vllm not served (vLLM compiles as without kcache)")
             return
@@ -168,11 +179,7 @@ def _hook_decorators(module: types.ModuleType) -> None:
 
 def _serving() -> Runtime | None:
     rt = get_runtime()
-    if rt is None or rt.client is None or not _served:
-        return None
-    from kcache.config import selected_layers
-
-    return rt if LAYER in selected_layers(rt.config.layers) else None
+    return rt if rt is not None and rt.client is not None and selected(rt.config) else None
 
 
 # ---- lookup --------------------------------------------------------------------------------------
@@ -188,7 +195,8 @@ def _wrap_load(original: Callable[..., Any]) -> Callable[..., Any]:
             from kcache.layers.require_hit import compile_ahead
 
             compile_ahead(LAYER, missed)  # raises only under KCACHE_REQUIRE_HIT=fail: the user's ask
-        _source_check.changed = False
+        source_check = _state(get_runtime()).source_check
+        source_check.changed = False
         try:
             result = original(model, aot_compilation_path, *args, **kwargs)  # vLLM's, unguarded
         except BaseException:  # VLLM_FORCE_AOT_LOAD: vLLM raises on a failed load by itself
@@ -208,7 +216,7 @@ def _wrap_verify(original: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return original(*args, **kwargs)  # vLLM's, unguarded
         except Exception:
-            _source_check.changed = True
+            _state(get_runtime()).source_check.changed = True
             raise
 
     return _verify_source_unchanged
@@ -222,20 +230,21 @@ def _lookup(model: Any, path: str) -> KeyComponents | None:
     if rt is None or entry is None or os.path.exists(path):
         return None  # not served, another layout, or vLLM's own local entry: vLLM reads it
     key = entry.service_key()
-    with _lock:
-        if path in _installed:
-            return None  # installed already by this process (a second model class of one hash)
+    state = _state(rt)
+    with state.lock:
+        if path in state.installed:
+            return None  # installed already under this runtime (a second model class of one hash)
     verified: list[trees.Tree] = []  # the tree the check decoded: verified once, not twice
     data = rt.get_entry(LAYER, key, validate=lambda payload: verified.append(_check(entry, payload)))
     if data is not None:
         size, mtime = install_tree(entry, verified[-1] if verified else _check(entry, data))
-        with _lock:
-            _installed[path] = (key, size, mtime)
+        with state.lock:
+            state.installed[path] = (key, size, mtime)
         return None
     missed = from_parts(LAYER, key, key_parts(model, entry))
     rt.record_miss(missed)
-    with _lock:
-        _misses[path] = (key, time.monotonic())
+    with state.lock:
+        state.misses[path] = (key, time.monotonic())
     return missed
 
 
@@ -255,17 +264,18 @@ def _check(entry: AotEntry, data: bytes) -> trees.Tree:
 def _loaded(model: Any, path: str, result: Any) -> None:
     """After vLLM's loader: a kcache entry it refused leaves the dir (and, unless vLLM's source
     check refused it, the fleet); a compile that follows is watched for its save."""
-    with _lock:
-        installed = _installed.pop(path, None) if result is None else None
+    rt = get_runtime()
+    state = _state(rt)
+    with state.lock:
+        installed = state.installed.pop(path, None) if result is None else None
     if installed is not None:
         key, size, mtime = installed
         with contextlib.suppress(OSError):
             st = os.stat(path)
             if (st.st_size, st.st_mtime_ns) == (size, mtime):  # still the file kcache wrote
                 os.unlink(path)
-        rt = get_runtime()
         if rt is not None:
-            if getattr(_source_check, "changed", False):
+            if getattr(state.source_check, "changed", False):
                 rt.stats.error(LAYER, "source_changed")
                 rt.stats.verify("refused", f"{LAYER}: vLLM's sources differ from the producer's")
                 warn_once("vLLM refused a vllm entry kcache supplied: its traced sources differ from this node's; vLLM compiles")
@@ -273,8 +283,8 @@ def _loaded(model: Any, path: str, result: Any) -> None:
                     rt.local.discard(LAYER, key)
             else:
                 rt.quarantine(LAYER, key, "vLLM could not load the compiled model (_try_load_aot_compiled_fn)")
-        with _lock:
-            _misses[path] = (key, time.monotonic())
+        with state.lock:
+            state.misses[path] = (key, time.monotonic())
     if result is None:
         _watch_save(model)
 
@@ -439,13 +449,14 @@ def _upload_soon(path: str) -> None:
     entry = locate(path)
     if rt is None or entry is None or rt.uploader is None:
         return
-    with _lock:
-        key, started = _misses.pop(path, (entry.service_key(), None))
+    state = _state(rt)
+    with state.lock:
+        key, started = state.misses.pop(path, (entry.service_key(), None))
     compile_s = time.monotonic() - started if started is not None else None
     thread = threading.Thread(target=_upload, args=(rt, entry, key, compile_s), name="kcache-vllm-upload", daemon=False)
-    with _lock:
-        _uploads[:] = [t for t in _uploads if t.is_alive()]
-        _uploads.append(thread)
+    with state.lock:
+        state.uploads[:] = [t for t in state.uploads if t.is_alive()]
+        state.uploads.append(thread)
     thread.start()
 
 
@@ -487,8 +498,9 @@ def wait_for_uploads() -> None:
     """At :meth:`Runtime.close`: let uploads started by saves finish (bounded like every flush)."""
     rt = get_runtime()
     deadline = time.monotonic() + (rt.config.flush_timeout_s if rt is not None else 5.0)
-    with _lock:
-        pending = list(_uploads)
+    state = _state(rt)
+    with state.lock:
+        pending = list(state.uploads)
     for thread in pending:
         thread.join(max(0.0, deadline - time.monotonic()))
 

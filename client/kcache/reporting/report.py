@@ -68,6 +68,18 @@ def _internal_line(doc: StatsDocument) -> str | None:
     return "kcache's own: " + ", ".join(parts) + " (key parts for kcache explain)" if parts else None
 
 
+# The tiers of the client's read path, nearest first (kcache.store.tiered_store).
+TIERS = tuple(tier.value for tier in wire.ServedBy)
+
+
+def served_by(c: LayerCounts) -> str:
+    """Which tiers served the hits, nearest first: ``3 local, 1 prefetch, 6 service`` ("" when
+    none were counted: a document of a client before the tiers were)."""
+    known = [f"{c.served_by[t]} {t}" for t in TIERS if c.served_by.get(t)]
+    other = [f"{n} {t}" for t, n in sorted(c.served_by.items()) if t not in TIERS and n]
+    return ", ".join(known + other)
+
+
 def _pct(rate: float | None) -> str:
     return "n/a" if rate is None else f"{rate:.1f}%"
 
@@ -119,6 +131,8 @@ def summary_line(doc: StatsDocument) -> str:
         if c.errors:
             piece += f" ({c.errors} errors)"
         parts.append(piece)
+    if tiers := served_by(t):
+        parts.append(f"served by {tiers}")
     tail = f"{_mb(t.bytes_down)} down, {_mb(t.bytes_up)} up"
     if t.puts or t.put_errors:
         tail += f" ({t.puts} puts" + (f", {t.put_errors} failed" if t.put_errors else "") + ")"
@@ -182,6 +196,12 @@ def format_text(doc: StatsDocument, fail_under: float | None = None) -> str:
             lines.append("  " + "  ".join(f"{cell:<{widths[0]}}" if i == 0 else f"{cell:>{widths[i]}}" for i, cell in enumerate(r)))
     if internal := _internal_line(doc):
         lines.append("  " + internal)
+    served = [(name, tiers) for name, c in layers.items() if (tiers := served_by(c))]
+    if served:
+        lines += ["", "Hits served by (local tier / workload prefetch / service)"]
+        lines += [f"  {name}: {tiers}" for name, tiers in served]
+        if len(served) > 1:
+            lines.append(f"  total: {served_by(t)}")
     envs = doc.environment_summaries()
     if envs:
         lines += ["", "Per environment (torch, triton)"]
@@ -271,6 +291,9 @@ def format_markdown(doc: StatsDocument, fail_under: float | None = None) -> str:
     lines.append("| **total** | " + " | ".join(f"**{v}**" for v in _row(t)) + " |")
     if internal := _internal_line(doc):
         lines += ["", _md(internal)]
+    served = [f"{_md(name)} {tiers}" for name, c in layers.items() if (tiers := served_by(c))]
+    if served:
+        lines += ["", "**Hits served by** (local tier / workload prefetch / service): " + " · ".join(served)]
     if t.errors:
         lines += ["", f"> **{t.errors} errors**: lookups that failed (service unreachable, timed out or "
                       "answered badly). They count against the hit rate but are not misses."]
@@ -301,6 +324,8 @@ def format_junit(doc: StatsDocument, fail_under: float | None = None) -> str:
         for key in ("hits", "misses", "errors", "puts", "put_errors", "bytes_down", "bytes_up"):
             ET.SubElement(props, "property", name=key, value=str(getattr(c, key)))
         ET.SubElement(props, "property", name="hit_rate", value="" if rate is None else f"{rate:.2f}")
+        for tier in TIERS:
+            ET.SubElement(props, "property", name=f"served_by_{tier}", value=str(c.served_by.get(tier, 0)))
         text = f"{c.hits} hits, {c.misses} misses, {c.errors} errors ({_pct(rate)} hit rate)"
         if not c.lookups:
             ET.SubElement(el, "skipped", message="no lookups")

@@ -1,5 +1,5 @@
-"""Per-process cache statistics: hits, misses (with reasons) and errors per layer, bytes moved,
-time spent in kcache, and compile time saved.
+"""Per-process cache statistics: hits (with the tier that served each), misses (with reasons)
+and errors per layer, bytes moved, time spent in kcache, and compile time saved.
 
 Errors are counted apart from misses everywhere: a service that is down must show up as errors,
 not as a cold cache (bazel-remote #649, sccache #2820). The model and the arithmetic (hit rate,
@@ -49,13 +49,14 @@ class _Tally:
     saved_s: float = 0.0
     miss_reasons: Counter[str] = field(default_factory=Counter)
     error_kinds: Counter[str] = field(default_factory=Counter)
+    served_by: Counter[str] = field(default_factory=Counter)
 
     def counts(self) -> LayerCounts:
         return LayerCounts(
             hits=self.hits, misses=self.misses, errors=self.errors, puts=self.puts, put_errors=self.put_errors,
             skipped=self.skipped, bytes_down=self.bytes_down, bytes_up=self.bytes_up,
             seconds=round(self.seconds, 6), saved_s=round(self.saved_s, 6),
-            miss_reasons=dict(self.miss_reasons), error_kinds=dict(self.error_kinds),
+            miss_reasons=dict(self.miss_reasons), error_kinds=dict(self.error_kinds), served_by=dict(self.served_by),
         )
 
 
@@ -68,12 +69,15 @@ class Stats:
         self._phases: dict[str, float] = {}
         self.started_at = time.time()
 
-    def hit(self, layer: str, nbytes: int = 0, saved_s: float = 0.0) -> None:
+    def hit(self, layer: str, nbytes: int = 0, saved_s: float = 0.0, served_by: str | None = None) -> None:
+        """A hit, with the tier that served it (``wire.ServedBy``; :mod:`kcache.store.tiered_store`)."""
         with self._lock:
             s = self._layers[layer]
             s.hits += 1
             s.bytes_down += nbytes
             s.saved_s += saved_s
+            if served_by is not None:
+                s.served_by[served_by] += 1
 
     def miss(self, layer: str, reason: str = "not_found") -> None:
         with self._lock:

@@ -124,11 +124,13 @@ def publish(client: KcacheClient, name: str, kernels: set[str], entries: set[tup
 def pull_workload(
     client: KcacheClient, view: WorkloadView, local: LocalEntryStore, dest: Path | None = None,
     *, check_target: bool = True, on_entry: Callable[[str, str], None] | None = None,
+    on_stored: Callable[[str, str], None] | None = None,
 ) -> dict[str, int]:
     """Download a workload's kernel packs and entries that ``local`` lacks into it (and, with
     ``dest``, emit every kernel into that Triton cache dir too); returns counts (``local``: those
     the tier already held, e.g. from another process of the node). ``on_entry(layer, key)`` is
-    called as each arrives, fails or is found local (kernels as layer ``kernel``)."""
+    called as each arrives, fails or is found local (kernels as layer ``kernel``);
+    ``on_stored(layer, key)`` before that, for each this pull wrote into ``local``."""
     counts = {"kernels": 0, "kernel_bytes": 0, "entries": 0, "entry_bytes": 0, "refused": 0, "local": 0}
     wanted: list[str] = []
     for key in view.kernels:
@@ -151,6 +153,8 @@ def pull_workload(
                 if dest is not None:
                     emit_pack(dest, pack, expected_key=key, check_target=check_target)
                 local.put(KERNEL_LAYER, key, pack)  # verified again when emitted
+                if on_stored is not None:
+                    on_stored(KERNEL_LAYER, key)
                 counts["kernels"] += 1
                 counts["kernel_bytes"] += len(pack)
             except (PackError, OSError) as exc:
@@ -169,6 +173,8 @@ def pull_workload(
         try:
             data, _compile_time = client.get_entry(layer, key)
             local.put(layer, key, data)
+            if on_stored is not None:
+                on_stored(layer, key)
             with lock:  # eight fetch threads share the counts
                 counts["entries"] += 1
                 counts["entry_bytes"] += len(data)
@@ -229,6 +235,10 @@ class Prefetcher:
         self.counts: dict[str, int] = {}
         self.seconds = 0.0
         self._pending: dict[tuple[str, str], threading.Event] = {}
+        # What this prefetch wrote into the local tier: a hit on one is served by the prefetch
+        # (kcache.store.tiered_store), whether or not the compile had to wait for it.
+        self._brought: set[tuple[str, str]] = set()
+        self._brought_lock = threading.Lock()
         self._wait_s = wait_s
         self.following = False  # another process of the node holds the claim (or held it first)
         self._thread = threading.Thread(target=self._run, name="kcache-prefetch", daemon=True)
@@ -261,7 +271,7 @@ class Prefetcher:
                     # for it to finish or die, then pull what is still missing (nothing, mostly).
                     claim = self._local.prefetch_claim(self.name, current().id, wait_s=_FOLLOW_POLL_S)
                 try:
-                    self.counts = pull_workload(self._client, view, self._local, on_entry=self._arrived)
+                    self.counts = pull_workload(self._client, view, self._local, on_entry=self._arrived, on_stored=self._stored)
                 finally:
                     claim.release()
         except Exception as exc:
@@ -290,6 +300,15 @@ class Prefetcher:
             return False
         until = min(deadline, self._manifest_asked_at + self._on_path_s)
         return self.manifest_ready.wait(max(0.0, until - time.monotonic()))
+
+    def _stored(self, layer: str, key: str) -> None:
+        with self._brought_lock:
+            self._brought.add((layer, key))
+
+    def brought(self, layer: str, key: str) -> bool:
+        """True if this prefetch wrote the item into the local tier."""
+        with self._brought_lock:
+            return (layer, key) in self._brought
 
     def _arrived(self, layer: str, key: str) -> None:
         event = self._pending.get((layer, key))

@@ -225,12 +225,13 @@
       el("td", { class: "num" }, fmtRate(lookups(c) ? (100 * c.hits) / lookups(c) : null)),
       el("td", { class: "num" }, c.puts), el("td", { class: "num" }, fmtBytes(c.bytes_down)),
       el("td", { class: "num" }, fmtBytes(c.bytes_up)), el("td", { class: "num" }, c.saved_s.toFixed(1) + " s"),
+      el("td", {}, Object.entries(c.served_by || {}).map(([k, v]) => `${k} ×${v}`).join(", ")),
       el("td", {}, Object.entries(c.miss_reasons).map(([k, v]) => `${k} ×${v}`).join(", ")),
       el("td", { class: c.errors ? "bad" : "" }, Object.entries(c.error_kinds).map(([k, v]) => `${k} ×${v}`).join(", "))));
     $("run-detail").replaceChildren(
       el("h3", {}, `Run ${run.run_id}${run.run_source ? ` (from ${run.run_source})` : ""}: ${fmtRate(run.hit_rate)} hit rate over ${run.processes} process${run.processes === 1 ? "" : "es"}`),
       el("table", { id: "run-layers" },
-        el("thead", {}, el("tr", {}, ...["layer", "hits", "misses", "errors", "hit rate", "puts", "down", "up", "saved", "miss reasons", "error kinds"].map((h, i) => el("th", { class: i > 0 && i < 9 ? "num" : "" }, h)))),
+        el("thead", {}, el("tr", {}, ...["layer", "hits", "misses", "errors", "hit rate", "puts", "down", "up", "saved", "served by", "miss reasons", "error kinds"].map((h, i) => el("th", { class: i > 0 && i < 9 ? "num" : "" }, h)))),
         el("tbody", {}, ...rows)),
       el("table", { id: "run-environments" },
         el("thead", {}, el("tr", {}, ...["environment", "processes", "hits", "misses", "errors", "hit rate"].map((h, i) => el("th", { class: i > 0 ? "num" : "" }, h)))),

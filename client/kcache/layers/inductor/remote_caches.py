@@ -68,7 +68,6 @@ PATCHES = "remote-caches"
 # no remote-cache class for them), JIT builders' native modules (kcache.layers.jit.layer) and vLLM's
 # compile cache (kcache.layers.vllm_compile_cache):
 # kcache.config.SELECTABLE_LAYERS, parsed there.
-_served: set[str] = set()  # layers installed now (a predicate module may load later)
 
 
 def service_key(key: str) -> str:
@@ -143,8 +142,24 @@ def backend_class() -> type:
     return KcacheRemoteCacheBackend
 
 
+def served_layers() -> list[str]:
+    """The layers whose backend kcache has in place now: read from Inductor's classes (what the
+    patch registry put there), never kept beside them, so an ``uninstall()`` leaves none served
+    and a later ``install()`` serves what it selects, as in a fresh process."""
+    remote_cache = sys.modules.get("torch._inductor.remote_cache")
+    if remote_cache is None or not patching.is_patched(PATCHES):
+        return []
+    backend = backend_class()
+    return sorted(layer for layer, (cls_name, _switch) in LAYERS.items()
+                  if _is_ours(getattr(getattr(remote_cache, cls_name, None), "backend_override_cls", None), backend, layer))
+
+
+def _is_ours(override: Any, backend: type, layer: str) -> bool:
+    return isinstance(override, functools.partial) and override.func is backend and override.args == (layer,)
+
+
 def _install_fast_reads() -> None:
-    if FX_GRAPH not in _served:
+    if FX_GRAPH not in served_layers():
         return  # uninstalled since this backend was built
     with guard("could not hook FxGraphCache.iterate_over_candidates; FX graphs are read through JSON"):
         fx_graph_reads.install_fast_reads(lambda backend: isinstance(backend, backend_class()))
@@ -162,7 +177,7 @@ def _gpu_visible() -> bool:
 def install_remote_caches(layers: list[str]) -> list[str]:
     """Serve each selected layer whose class and switch this torch has; returns those served."""
     if patching.is_patched(PATCHES):
-        return sorted(_served)
+        return served_layers()
     remote_cache = importlib.import_module("torch._inductor.remote_cache")
     backend = backend_class()
     gpu = _gpu_visible()
@@ -182,20 +197,19 @@ def install_remote_caches(layers: list[str]) -> list[str]:
             continue
         previous = getattr(config, switch)
         patching.patch(PATCHES, cls, "backend_override_cls", functools.partial(backend, layer))
-        _served.add(layer)
         # Unset: kcache turns the layer on; an explicit choice (True or False) stands.
         if layer in PREDICATES:
             call_after_import(PREDICATES[layer][0], functools.partial(_wrap_predicate, layer))
         elif previous is None and layer not in OPT_IN:
             patching.patch(PATCHES, config, switch, True)
-    return sorted(_served)
+    return served_layers()
 
 
 def _wrap_predicate(layer: str, module: Any) -> None:
     with guard(f"could not answer the {layer} layer's remote-cache predicate; that layer is not served"):
         _, name, importers = PREDICATES[layer]
         original = module.__dict__.get(name)
-        if layer not in _served or getattr(original, "__wrapped__", None) is not None or not callable(original):
+        if layer not in served_layers() or getattr(original, "__wrapped__", None) is not None or not callable(original):
             return  # uninstalled before the module loaded, already wrapped, or a torch without it
         config = importlib.import_module(LAYERS[layer][1][0])
         switch = LAYERS[layer][1][1]
@@ -216,7 +230,6 @@ def _importers(names: tuple[str, ...]) -> list[Any]:
 
 
 def uninstall_remote_caches() -> None:
-    _served.clear()
     patching.restore(PATCHES)
     fx_graph_reads.uninstall_fast_reads()
 

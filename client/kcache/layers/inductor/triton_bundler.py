@@ -18,6 +18,7 @@ import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -36,7 +37,14 @@ PATCHES = "bundler"
 _WRAPPED = ("begin_compile", "put", "put_winner", "collect", "read_and_emit")
 _REQUIRED = ("begin_compile", "put", "collect", "read_and_emit")
 _EMIT_THREADS = 8
-_compile_started = threading.local()  # per compiling thread: when begin_compile ran
+
+
+@dataclass
+class Compiles:
+    """The hooks' timings under one runtime (:meth:`Runtime.layer_state`): a graph whose compile
+    began under another installation is credited no compile time, as in a fresh process."""
+
+    started: threading.local = field(default_factory=threading.local)  # .t: when begin_compile ran, per compiling thread
 
 
 def _kernel_artifacts(bundle: Any) -> list[Any]:
@@ -73,7 +81,9 @@ def install_bundler_hooks() -> bool:
 
     def begin_compile(klass: type) -> None:
         call("begin_compile")
-        _compile_started.t = time.perf_counter()
+        with guard("TritonBundler.begin_compile hook failed"):
+            if (rt := get_runtime()) is not None:
+                rt.layer_state(Compiles).started.t = time.perf_counter()
 
     def put(klass: type, kernel_hash: str, device: int) -> None:
         call("put", kernel_hash, device)
@@ -91,7 +101,7 @@ def install_bundler_hooks() -> bool:
         result = call("collect")
         with guard("TritonBundler.collect hook failed; this graph's kernels are not uploaded"):
             if (rt := get_runtime()) is not None:
-                _upload_collected(rt, result[0], getattr(_compile_started, "t", None))
+                _upload_collected(rt, result[0], getattr(rt.layer_state(Compiles).started, "t", None))
         return result
 
     def read_and_emit(bundle: Any) -> Any:

@@ -49,6 +49,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from kcache.config import ClientConfig, selected_layers
+from kcache.current import get_runtime
 from kcache.host import patching
 from kcache.host.after_import import call_after_import, imported
 from kcache.host.failopen import guard, warn_once
@@ -91,33 +92,37 @@ class _Installed:
     builders: Any
 
 
-_headers: dict[str, _Header] = {}  # the plain header kcache gave Inductor -> the real one
-_installed: dict[str, _Installed] = {}  # module path -> how to build it instead
-_state_lock = threading.Lock()
-_isa_scope = threading.local()  # .probes: list of (rt, key, path) while VecISA.check_build runs
-_load_scope = threading.local()  # .depth: > 0 while CppCodeCache.load_async runs on this thread
-_served = False  # install() called and uninstall() not since: a late codecache import hooks only then
+@dataclass
+class Builds:
+    """What the layer did for one runtime (:meth:`Runtime.layer_state`): headers it deferred and
+    modules it wrote under the last installation are, to a new one, Inductor's own, as in a
+    fresh process (a deferred header's plain file still includes torch's header: it compiles)."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    headers: dict[str, _Header] = field(default_factory=dict)  # the plain header kcache gave Inductor -> the real one
+    installed: dict[str, _Installed] = field(default_factory=dict)  # module path -> how to build it instead
+    isa_scope: threading.local = field(default_factory=threading.local)  # .probes: (rt, key, path) while VecISA.check_build runs
+    load_scope: threading.local = field(default_factory=threading.local)  # .depth: > 0 while CppCodeCache.load_async runs
+
+
+def _state(rt: Runtime | None) -> Builds:
+    """``rt``'s state of this layer (a throwaway where no runtime runs: nothing is kept)."""
+    return rt.layer_state(Builds) if rt is not None else Builds()
 
 
 def install() -> None:
     """Hook Inductor's C++ builds once ``torch._inductor.codecache`` has finished importing."""
-    global _served
-    _served = True
     call_after_import("torch._inductor.codecache", _install)
 
 
 def uninstall() -> None:
-    global _served
-    _served = False
     patching.restore(PATCHES)
-    with _state_lock:
-        _headers.clear()
-        _installed.clear()
 
 
 def _install(codecache: ModuleType) -> None:
     with guard("could not hook Inductor's C++ builds; they compile as before"):
-        if not _served or patching.is_patched(PATCHES):
+        rt = get_runtime()
+        if rt is None or not selected(rt.config) or patching.is_patched(PATCHES):
             return  # uninstalled before codecache finished importing, or hooked already
         cpp_builder, cpu_vec_isa = imported("torch._inductor.cpp_builder"), imported("torch._inductor.cpu_vec_isa")
         worker = codecache.__dict__.get("_worker_compile_cpp")
@@ -249,11 +254,12 @@ def _wrap_worker(original: Callable[..., Any], codecache: ModuleType) -> Callabl
         with guard("Inductor C++ module lookup failed; Inductor compiles it"):
             served, key = _serve(rt, codecache, lock_path, chain)
             if served and key is not None:
-                with _state_lock:
-                    _installed[str(chain[-1].get_target_file_path())] = _Installed(rt, key.key, lock_path, builders)
+                state = _state(rt)
+                with state.lock:
+                    state.installed[str(chain[-1].get_target_file_path())] = _Installed(rt, key.key, lock_path, builders)
         if served:
             return None
-        _use_real_headers(chain)
+        _use_real_headers(_state(rt), chain)
         started = time.perf_counter()
         result = original(lock_path, builders)
         with guard("could not upload an Inductor C++ module"):
@@ -268,11 +274,12 @@ def _wrap_worker(original: Callable[..., Any], codecache: ModuleType) -> Callabl
 
 def _wrap_load_async(original: Callable[..., Any]) -> Callable[..., Any]:
     def load_async(cls: type, *args: Any, **kwargs: Any) -> Any:
-        _load_scope.depth = getattr(_load_scope, "depth", 0) + 1
+        scope = _state(get_runtime()).load_scope
+        scope.depth = getattr(scope, "depth", 0) + 1
         try:
             return original(cls, *args, **kwargs)
         finally:
-            _load_scope.depth -= 1
+            scope.depth -= 1
 
     return load_async
 
@@ -282,15 +289,17 @@ def _wrap_precompile_header(original: Callable[..., Any], codecache: ModuleType)
         plain: str | None = None
         # Only for CppCodeCache's modules (AOTInductor precompiles the same way, for builds that
         # do not pass through _worker_compile_cpp: those keep torch's header).
-        if getattr(_load_scope, "depth", 0) and jit_layer.serving_runtime() is not None:
+        rt = jit_layer.serving_runtime()
+        if rt is not None and getattr(_state(rt).load_scope, "depth", 0) > 0:
             with guard("could not defer Inductor's precompiled header; it is built now"):
-                plain = _plain_header(codecache, functools.partial(original, *args, **kwargs), args, kwargs)
+                plain = _plain_header(_state(rt), codecache, functools.partial(original, *args, **kwargs), args, kwargs)
         return plain if plain is not None else original(*args, **kwargs)
 
     return _precompile_header
 
 
-def _plain_header(codecache: ModuleType, make: Callable[[], Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+def _plain_header(state: Builds, codecache: ModuleType, make: Callable[[], Any], args: tuple[Any, ...],
+                  kwargs: dict[str, Any]) -> str | None:
     """A header that includes what torch's precompiled one does (gcc and clang include it
     as is: there is no ``.gch`` beside it), remembered with how to make the real one."""
     header_dir = getattr(codecache, "_HEADER_DIR", None)
@@ -308,18 +317,18 @@ def _plain_header(codecache: ModuleType, make: Callable[[], Any], args: tuple[An
         present = False
     if not present:
         jit_layer.install_file(path, content, 0o644)
-    with _state_lock:
-        _headers.setdefault(path, _Header(make))
+    with state.lock:
+        state.headers.setdefault(path, _Header(make))
     return path
 
 
-def _use_real_headers(chain: Sequence[Any]) -> None:
+def _use_real_headers(state: Builds, chain: Sequence[Any]) -> None:
     """Point the commands of ``chain`` at the precompiled headers Inductor would have given them,
     made now (torch's own call: its errors are torch's, as they were in ``load_async``)."""
     wanted: list[tuple[Any, str, _Header]] = []
     with guard("could not find the precompiled header of an Inductor C++ module; it compiles without"):
-        with _state_lock:
-            headers = dict(_headers)
+        with state.lock:
+            headers = dict(state.headers)
         for builder in chain if headers else ():
             args = getattr(builder, "_include_dirs_args", None)
             tokens = shlex.split(args) if isinstance(args, str) else []
@@ -340,25 +349,27 @@ def _wrap_load_library(original: Callable[..., Any], worker: Callable[..., Any])
             loaded = original(cls, path, key)
         except (ImportError, OSError) as exc:
             installed: _Installed | None = None
+            state = _state(get_runtime())
             with guard("could not take back a C++ module kcache wrote"):
-                installed = _take_back(cls, path, key, exc)
+                installed = _take_back(state, cls, path, key, exc)
             if installed is None:
                 raise
         else:
-            with _state_lock:
-                _installed.pop(path, None)  # it loaded: nothing to take back
+            state = _state(get_runtime())
+            with state.lock:
+                state.installed.pop(path, None)  # it loaded: nothing to take back
             return loaded
         # Compile it as Inductor would have, then load that (unguarded: torch's errors are torch's).
-        _use_real_headers(_chain(installed.builders) or ())
+        _use_real_headers(state, _chain(installed.builders) or ())
         worker(installed.lock_path, installed.builders)
         return original(cls, path, key)
 
     return _load_library
 
 
-def _take_back(cls: type, path: str, key: str, exc: BaseException) -> _Installed | None:
-    with _state_lock:
-        installed = _installed.pop(path, None)
+def _take_back(state: Builds, cls: type, path: str, key: str, exc: BaseException) -> _Installed | None:
+    with state.lock:
+        installed = state.installed.pop(path, None)
     if installed is None:
         return None
     with contextlib.suppress(FileNotFoundError):
@@ -377,15 +388,17 @@ def _take_back(cls: type, path: str, key: str, exc: BaseException) -> _Installed
 
 def _wrap_check_build(original: Callable[..., bool]) -> Callable[..., bool]:
     def check_build(self: Any, code: str) -> bool:
-        if jit_layer.serving_runtime() is None:
+        rt = jit_layer.serving_runtime()
+        if rt is None:
             return original(self, code)
-        outer = getattr(_isa_scope, "probes", None)
+        scope = _state(rt).isa_scope
+        outer = getattr(scope, "probes", None)
         probes: list[tuple[Runtime, str, str]] = []
-        _isa_scope.probes = probes
+        scope.probes = probes
         try:
             ok = original(self, code)
         finally:
-            _isa_scope.probes = outer
+            scope.probes = outer
         if ok or not probes:
             return ok
         # The probe kcache wrote did not load: take it back and let Inductor check with its own.
@@ -401,8 +414,8 @@ def _wrap_check_build(original: Callable[..., bool]) -> Callable[..., bool]:
 
 def _wrap_build(original: Callable[..., Any], codecache: ModuleType) -> Callable[..., Any]:
     def build(self: Any) -> Any:
-        probes = getattr(_isa_scope, "probes", None)
-        rt = jit_layer.serving_runtime() if probes is not None else None
+        rt = jit_layer.serving_runtime()
+        probes = getattr(_state(rt).isa_scope, "probes", None) if rt is not None else None
         if rt is None or probes is None or os.path.exists(str(self.get_target_file_path())):
             return original(self)  # not a probe, kcache off, or torch rebuilding on purpose
         served, key = False, None

@@ -33,11 +33,12 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from kcache.config import ClientConfig, selected_layers
+from kcache.current import get_runtime
 from kcache.host import patching
 from kcache.host.after_import import call_after_import, imported
 from kcache.host.failopen import guard, warn_once
@@ -63,10 +64,19 @@ class _Installed:
     ninja: Callable[[], Any]  # torch's _run_ninja_build with its arguments: ninja builds it instead
 
 
-_installed: dict[str, _Installed] = {}  # library path -> what to do should it not import
-_state_lock = threading.Lock()
-_building = threading.local()  # .name: the extension _write_ninja_file_and_build_library builds now
-_served = False
+@dataclass
+class Builds:
+    """What the layer did for one runtime (:meth:`Runtime.layer_state`): a library written under
+    the last installation is, to a new one, torch's own, as in a fresh process."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    installed: dict[str, _Installed] = field(default_factory=dict)  # library path -> what to do should it not import
+    building: threading.local = field(default_factory=threading.local)  # .name: the extension being built now
+
+
+def _state(rt: Runtime | None) -> Builds:
+    """``rt``'s state of this layer (a throwaway where no runtime runs: nothing is kept)."""
+    return rt.layer_state(Builds) if rt is not None else Builds()
 
 
 def install(module: ModuleType | None = None) -> None:
@@ -74,8 +84,6 @@ def install(module: ModuleType | None = None) -> None:
     ``module``: that module, from the ``.pth``'s import hook, which runs right after the module's
     code (importlib marks it imported only after): hooked now, since a job that imports it and
     calls ``load_inline`` may import nothing else before the build."""
-    global _served
-    _served = True
     if module is not None and getattr(module, "__name__", None) == MODULE:
         _install(module)
     else:
@@ -83,16 +91,13 @@ def install(module: ModuleType | None = None) -> None:
 
 
 def uninstall() -> None:
-    global _served
-    _served = False
     patching.restore(PATCHES)
-    with _state_lock:
-        _installed.clear()
 
 
 def _install(ext: ModuleType) -> None:
     with guard("could not hook torch's extension JIT; it builds as before"):
-        if not _served or patching.is_patched(PATCHES):
+        rt = get_runtime()
+        if rt is None or not selected(rt.config) or patching.is_patched(PATCHES):
             return
         originals: dict[str, Callable[..., Any]] = {name: f for name in _WRAPPED if callable(f := ext.__dict__.get(name))}
         if len(originals) < len(_WRAPPED) or not isinstance(getattr(ext, "LIB_EXT", None), str):
@@ -107,12 +112,13 @@ def _install(ext: ModuleType) -> None:
 def _wrap_write(original: Callable[..., Any]) -> Callable[..., Any]:
     def _write_ninja_file_and_build_library(*args: Any, **kwargs: Any) -> Any:
         name = kwargs.get("name", args[0] if args else None)
-        outer = getattr(_building, "name", None)
-        _building.name = name if isinstance(name, str) else None
+        building = _state(get_runtime()).building
+        outer = getattr(building, "name", None)
+        building.name = name if isinstance(name, str) else None
         try:
             return original(*args, **kwargs)
         finally:
-            _building.name = outer
+            building.name = outer
 
     return _write_ninja_file_and_build_library
 
@@ -135,8 +141,8 @@ def _a_library(files: Mapping[str, bytes]) -> None:
 
 def _wrap_run(original: Callable[..., Any], ext: ModuleType) -> Callable[..., Any]:
     def _run_ninja_build(build_directory: str, *args: Any, **kwargs: Any) -> Any:
-        name = getattr(_building, "name", None)
-        rt = jit_layer.serving_runtime() if name is not None else None
+        rt = jit_layer.serving_runtime()
+        name = getattr(_state(rt).building, "name", None) if rt is not None else None
         if rt is None or name is None or not isinstance(build_directory, str):
             return original(build_directory, *args, **kwargs)  # not a JIT library build, or kcache off
         served, key, library = False, None, os.path.join(build_directory, f"{name}{ext.LIB_EXT}")
@@ -149,8 +155,9 @@ def _wrap_run(original: Callable[..., Any], ext: ModuleType) -> Callable[..., An
                 # torch holds the build dir's lock (its FileBaton) while it builds: no other
                 # process of this node writes or imports the library meanwhile.
                 jit_layer.install_file(library, files[TARGET])
-                with _state_lock:
-                    _installed[library] = _Installed(rt, key.key, build_directory, functools.partial(original, build_directory, *args, **kwargs))
+                state = _state(rt)
+                with state.lock:
+                    state.installed[library] = _Installed(rt, key.key, build_directory, functools.partial(original, build_directory, *args, **kwargs))
                 served = True
         if served:
             return None
@@ -173,8 +180,9 @@ def _wrap_import(original: Callable[..., Any], ext: ModuleType) -> Callable[...,
         except (ImportError, OSError) as exc:
             installed: _Installed | None = None
             with guard("could not take back a torch extension kcache wrote"):
-                with _state_lock:
-                    installed = _installed.pop(library, None)
+                state = _state(get_runtime())
+                with state.lock:
+                    installed = state.installed.pop(library, None)
                 if installed is not None:
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(library)
@@ -182,8 +190,9 @@ def _wrap_import(original: Callable[..., Any], ext: ModuleType) -> Callable[...,
             if installed is None:
                 raise
         else:
-            with _state_lock:
-                _installed.pop(library, None)
+            state = _state(get_runtime())
+            with state.lock:
+                state.installed.pop(library, None)
             return loaded
         installed.ninja()  # ninja builds it (torch's own call: its errors are torch's)
         return original(module_name, path, *args, **kwargs)

@@ -29,11 +29,12 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from kcache.config import ClientConfig, selected_layers
+from kcache.current import get_runtime
 from kcache.host import patching
 from kcache.host.after_import import call_after_import, imported
 from kcache.host.failopen import guard, warn_once
@@ -59,16 +60,23 @@ class _Installed:
     ninja: Callable[[str], Any]  # tvm-ffi's build_ninja: ninja builds it instead
 
 
-_installed: dict[str, _Installed] = {}  # real path of an output kcache wrote -> its build
-_state_lock = threading.Lock()
-_served = False
+@dataclass
+class Builds:
+    """What the layer did for one runtime (:meth:`Runtime.layer_state`): an output written under
+    the last installation is, to a new one, tvm-ffi's own, as in a fresh process."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    installed: dict[str, _Installed] = field(default_factory=dict)  # real path of an output kcache wrote -> its build
+
+
+def _state(rt: Runtime | None) -> Builds:
+    """``rt``'s state of this layer (a throwaway where no runtime runs: nothing is kept)."""
+    return rt.layer_state(Builds) if rt is not None else Builds()
 
 
 def install(module: ModuleType | None = None) -> None:
     """Hook tvm-ffi's JIT once ``tvm_ffi.cpp.extension`` has finished importing (``module``: that
     module, from the ``.pth``'s import hook, which runs right after the module's code)."""
-    global _served
-    _served = True
     if module is not None and getattr(module, "__name__", None) == MODULE:
         _install(module)
     else:
@@ -76,16 +84,13 @@ def install(module: ModuleType | None = None) -> None:
 
 
 def uninstall() -> None:
-    global _served
-    _served = False
     patching.restore(PATCHES)
-    with _state_lock:
-        _installed.clear()
 
 
 def _install(ext: ModuleType) -> None:
     with guard("could not hook tvm-ffi's JIT; it builds as before"):
-        if not _served or patching.is_patched(PATCHES):
+        rt = get_runtime()
+        if rt is None or not selected(rt.config) or patching.is_patched(PATCHES):
             return
         originals: dict[str, Callable[..., Any]] = {name: f for name in _WRAPPED if callable(f := ext.__dict__.get(name))}
         if len(originals) < len(_WRAPPED):
@@ -139,8 +144,9 @@ def _wrap_build(original: Callable[..., Any]) -> Callable[..., Any]:
                     # tvm-ffi holds the build dir's lock while it builds: no other process of
                     # this node writes or loads the output meanwhile.
                     jit_layer.install_file(output, files[TARGET])
-                    with _state_lock:
-                        _installed[os.path.realpath(output)] = _Installed(rt, key.key, directory, original)
+                    state = _state(rt)
+                    with state.lock:
+                        state.installed[os.path.realpath(output)] = _Installed(rt, key.key, directory, original)
                     served = True
         if served:
             return None
@@ -163,8 +169,9 @@ def _wrap_load(original: Callable[..., Any]) -> Callable[..., Any]:
             installed: _Installed | None = None
             with guard("could not take back a tvm-ffi build kcache wrote"):
                 library = os.path.realpath(os.fspath(path))
-                with _state_lock:
-                    installed = _installed.pop(library, None)
+                state = _state(get_runtime())
+                with state.lock:
+                    installed = state.installed.pop(library, None)
                 if installed is not None:
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(library)
@@ -172,8 +179,10 @@ def _wrap_load(original: Callable[..., Any]) -> Callable[..., Any]:
             if installed is None:
                 raise
         else:
-            with guard("could not forget a tvm-ffi build kcache wrote"), _state_lock:
-                _installed.pop(os.path.realpath(os.fspath(path)), None)
+            with guard("could not forget a tvm-ffi build kcache wrote"):
+                state = _state(get_runtime())
+                with state.lock:
+                    state.installed.pop(os.path.realpath(os.fspath(path)), None)
             return loaded
         from tvm_ffi.utils.lockfile import FileLock
 
