@@ -260,7 +260,7 @@ def test_the_torch_marker_check_finds_a_module_that_touches_torch() -> None:
 # runtime that joins them, what a process reports, the handle on the process's runtime, the cache
 # layers that hook torch and Triton through it, what switches them on, and the CLI over all of it.
 CLIENT_FLOORS: tuple[tuple[str, ...], ...] = (
-    ("kcache.host", "kcache.exceptions"),
+    ("kcache.host", "kcache.exceptions", "kcache.version"),
     ("kcache.config",),
     ("kcache.store",),
     ("kcache.transport",),
@@ -273,7 +273,7 @@ CLIENT_FLOORS: tuple[tuple[str, ...], ...] = (
 )
 # What stays at the top of the package: the names users and Triton import, and the process's one
 # runtime. Everything else lives in a wing.
-FRONT_DOOR = {"__init__", "_autoload", "config", "runtime", "current", "activation", "exceptions", "triton_manager"}
+FRONT_DOOR = {"__init__", "_autoload", "config", "runtime", "current", "activation", "exceptions", "triton_manager", "version"}
 MAX_ROOMS = 10  # modules and sub-wings of one wing
 # Modules of kcache.layers that are not layers themselves: the protocol and the registry, what
 # several layers share, and the parts of a layer that its registered module installs.
@@ -309,6 +309,16 @@ def test_every_client_module_is_in_a_wing_or_the_front_door() -> None:
 def test_no_client_import_runs_up_a_floor() -> None:
     up = _upward(import_graph(CLIENT))
     assert not up, "imports that run up a floor (see CLIENT_FLOORS):\n" + "\n".join(up)
+
+
+def test_no_client_module_imports_the_package_face() -> None:
+    """``kcache/__init__`` is what users import; its ``install()`` reaches activation and so the
+    runtime. A module that imports a name from it (``from kcache import __version__`` did, in six
+    modules) joins the runtime in a circle that the floor check, which leaves the face out, does
+    not see: shared facts live in a module of their own (``kcache.version``)."""
+    face = [f"{_module_name(p, CLIENT)}: {line.strip()}" for p in _sources(CLIENT) if p != CLIENT / "__init__.py"
+            for line in p.read_text().splitlines() if re.match(r"\s*(from kcache import |import kcache\s*$)", line)]
+    assert not face, "imports of the package face:\n" + "\n".join(face)
 
 
 def test_the_floor_check_finds_an_import_running_up() -> None:

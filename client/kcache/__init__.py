@@ -7,11 +7,12 @@ imported (see ``kcache._autoload``). This module stays import-light: it runs at 
 
 from __future__ import annotations
 
+from kcache.version import __version__
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # not at run time: importing typing at every interpreter start costs ~10 ms
     from typing import Any
 
-__version__ = "0.1.0"
 __all__ = ["__version__", "install", "uninstall"]
 
 

@@ -33,7 +33,6 @@ if TYPE_CHECKING:
 
     from kcache.transport.workload import Prefetcher
 
-from kcache import __version__
 from kcache.config import ClientConfig
 from kcache.exceptions import Conflict, InvalidPack, KcacheError, NotFound, Quarantined
 from kcache.host.after_import import imported
@@ -47,6 +46,7 @@ from kcache.store.tiered_store import Served, TieredStore
 from kcache.transport.entry_signing import EntrySigning, SigningUnavailable
 from kcache.transport.http import KcacheClient
 from kcache.transport.uploader import EntryUpload, KernelDirUpload, KernelUpload, Uploader
+from kcache.version import __version__
 
 log = logging.getLogger("kcache")
 KERNEL_LAYER = wire.CacheLayer.KERNEL.value

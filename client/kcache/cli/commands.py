@@ -19,9 +19,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
-from kcache import __version__
 from kcache.config import ClientConfig
 from kcache.exceptions import ConfigError, KcacheError, NotFound, Quarantined, ServiceUnavailable
+from kcache.version import __version__
 
 if TYPE_CHECKING:
     from kcache_schemas.gc_models import GcReport

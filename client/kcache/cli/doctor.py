@@ -20,8 +20,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from kcache import __version__
 from kcache.config import ClientConfig, selected_layers
+from kcache.version import __version__
 
 DISTRIBUTIONS = ("kcache-server", "kcache-client")
 

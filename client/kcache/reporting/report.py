@@ -31,10 +31,10 @@ from kcache_schemas.stats_document import (
 )
 from kcache_schemas.units import format_bytes
 
-from kcache import __version__
 from kcache.host.failopen import warn_once
 from kcache.host.launchers import EXPLICIT
 from kcache.store.counters import Stats, load_stats, write_stats
+from kcache.version import __version__
 
 if TYPE_CHECKING:
     from kcache.config import ClientConfig

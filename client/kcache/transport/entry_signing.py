@@ -38,7 +38,7 @@ from kcache_schemas import signed_envelope as envelope
 from kcache_schemas.models import Provenance, SignatureAlg
 from kcache_schemas.signed_envelope import SignatureError, SignatureHeader, TrustedKeys
 
-from kcache import __version__
+from kcache.version import __version__
 
 if TYPE_CHECKING:
     from kcache.config import ClientConfig

@@ -32,10 +32,10 @@ from kcache_schemas.models import BatchUrls, EntryList, WorkloadView
 from kcache_schemas.pack import DEFAULT_LIMITS, MEDIA_TYPE
 from kcache_schemas.unsound_reports import UnsoundReport
 
-from kcache import __version__
 from kcache.config import ClientConfig
 from kcache.exceptions import InvalidPack, NotFound, ServiceUnavailable, raise_for_status
 from kcache.transport.breaker import CircuitBreaker
+from kcache.version import __version__
 
 log = logging.getLogger("kcache")
 _MISSING_BATCH = 5_000
