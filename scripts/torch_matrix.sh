@@ -65,10 +65,11 @@ run() {
   for version in $versions; do
     venv="$cache/torch-$version"
     echo "torch matrix: torch $version, -m '$marker'"
-    # Host safety with fewer runs: the race scenarios a cold and a warm run, the others one (the
-    # full budget, 20 for each race, runs on the default torch).
+    # Host safety with fewer runs: the race scenarios a cold and a warm run, the others their cold
+    # run (the full budget, 20 for each race and a cold and a warm run for the others, runs on the
+    # default torch).
     rc=0
-    KCACHE_HOST_SAFETY_RUNS="${KCACHE_MATRIX_HOST_SAFETY_RUNS:-2}" \
+    KCACHE_HOST_SAFETY_RUNS="${KCACHE_MATRIX_HOST_SAFETY_RUNS:-2}" KCACHE_HOST_SAFETY_PATH_RUNS=1 \
       "$venv/bin/python" -m pytest -p no:cacheprovider --durations=15 -m "$marker" ${args[@]+"${args[@]}"} || rc=$?
     [ "$rc" = 0 ] || [ "$rc" = 5 ] || return "$rc"  # 5: nothing selected by the caller's -m
   done
