@@ -7,8 +7,6 @@ imported (see ``kcache._autoload``). This module stays import-light: it runs at 
 
 from __future__ import annotations
 
-from kcache.version import __version__
-
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # not at run time: importing typing at every interpreter start costs ~10 ms
     from typing import Any
@@ -32,3 +30,13 @@ def uninstall() -> None:
     from kcache.activation import deactivate
 
     deactivate()
+
+
+def __getattr__(name: str) -> str:
+    # ``kcache.__version__`` is read from kcache.version on first use, not here: this module runs
+    # at every interpreter start (kcache_autoload.pth), which imports nothing else of kcache.
+    if name == "__version__":
+        from kcache.version import __version__
+
+        return __version__
+    raise AttributeError(f"module 'kcache' has no attribute {name!r}")
