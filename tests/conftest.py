@@ -3,7 +3,9 @@ order modules are handed to the workers in."""
 
 from __future__ import annotations
 
+import hashlib
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,6 +14,8 @@ from backends import BLOB_BACKENDS, INDEX_BACKENDS
 from kcache.host.launchers import LAUNCHER_VARIABLES
 from kcache_server.storage import BlobStore, Index
 
+from kcache_testkit import compiler_cache
+
 
 def pytest_configure(config: pytest.Config) -> None:
     """A suite run inside a CI job, a SLURM allocation or a Kubernetes pod: without this, every
@@ -19,6 +23,22 @@ def pytest_configure(config: pytest.Config) -> None:
     and every test that lists runs would see them. Tests that want a launcher set its variables."""
     for name in LAUNCHER_VARIABLES:
         os.environ.pop(name, None)
+    _use_compiler_cache(config)
+
+
+def _use_compiler_cache(config: pytest.Config) -> None:
+    """Job interpreters find the test compiler cache first on ``PATH`` (kcache_testkit.compiler_cache:
+    each fresh node's Inductor C++ builds are the same few sources; ~13 s of g++ a node). One
+    wrapper dir per Python, so the main suite and the torch matrix's venvs never share one."""
+    if not compiler_cache.enabled():
+        return
+    cache_dir = compiler_cache.default_cache_dir()
+    if not hasattr(config, "workerinput"):  # the controller (or a run without xdist) prunes
+        compiler_cache.prune(cache_dir)
+    tag = hashlib.sha256(sys.executable.encode()).hexdigest()[:12]
+    bin_dir = compiler_cache.install(cache_dir / f"bin-{tag}", cache_dir)
+    rest = [p for p in os.environ.get("PATH", "").split(os.pathsep) if p and p != str(bin_dir)]
+    os.environ["PATH"] = os.pathsep.join([str(bin_dir), *rest])
 
 
 @pytest.fixture(params=sorted(BLOB_BACKENDS))

@@ -34,6 +34,7 @@ from pathlib import Path
 
 import pytest
 
+from kcache_testkit import knobs
 from kcache_testkit.netfaults import FaultServer, Request, http_response, tar_stream
 from kcache_testkit.nodes import Node
 from kcache_testkit.pace import HANG_S, bound
@@ -42,8 +43,8 @@ from kcache_testkit.service import REPO, ServerProcess, kcache_cmd
 pytest.importorskip("torch")
 pytestmark = [pytest.mark.slow, pytest.mark.host_safety, pytest.mark.torch]
 
-RACE_RUNS = int(os.environ.get("KCACHE_HOST_SAFETY_RUNS", "20"))
-PATH_RUNS = int(os.environ.get("KCACHE_HOST_SAFETY_PATH_RUNS", "2"))
+RACE_RUNS = knobs.count("KCACHE_HOST_SAFETY_RUNS", 20)
+PATH_RUNS = knobs.count("KCACHE_HOST_SAFETY_PATH_RUNS", 2)
 JOB = REPO / "tests" / "host_job.py"
 # A hang guard, not a timing: about 240 s on an idle machine, scaled by the machine's pace
 # measured before each run (kcache_testkit.pace), so a loaded machine does not trip it.
