@@ -65,13 +65,16 @@ def install(bin_dir: Path, cache_dir: Path) -> Path:
     bin_dir.mkdir(parents=True, exist_ok=True)
     cache_dir.mkdir(parents=True, exist_ok=True)
     for name in WRAPPED:
+        # The path as found, not resolved: gcc names itself after argv[0] (`g++ --version`
+        # says "g++ (Debian ...)", its resolved x86_64-linux-gnu-g++-12 says that name), and
+        # Inductor and kcache key builds on that banner.
         real = shutil.which(name, path=_path_without(bin_dir))
         if real is None:
             continue
         script = (
             "#!/bin/sh\n"
             f"exec {shlex.quote(sys.executable)} -S {shlex.quote(__file__)} "
-            f'{shlex.quote(str(cache_dir))} {shlex.quote(os.path.realpath(real))} "$@"\n'
+            f'{shlex.quote(str(cache_dir))} {shlex.quote(real)} "$@"\n'
         )
         # Written aside and renamed: a worker of the same session may be running the old one.
         fd, tmp = tempfile.mkstemp(dir=bin_dir, prefix=f".{name}.")
