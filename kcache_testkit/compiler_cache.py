@@ -7,15 +7,15 @@ these 2-core machines, for the same few sources over and over. ``ccache`` cannot
 Inductor compiles and links in one call, and it passes its precompiled header by path.
 
 ``install(bin_dir, cache_dir)`` writes one wrapper per compiler name found on ``PATH`` (``g++``,
-``c++``, ``gcc``, ``cc``) that runs this file: a build whose inputs it can key (every argument
-that names a file is replaced by the file's content hash; the compiler binary, the ``-I``
-directories' identities and the variables that steer the compiler are in the key too) and that
-writes one ``-o`` output is answered from the cache when the same build ran before, else run for
-real and stored. Anything else (version probes, ``-M`` dependency files, preprocessing, reading
-stdin) goes straight to the real compiler. The wrapper only replaces the compiler's work: torch
-still decides what to build and loads what comes back, so what a test checks of kcache (which
-builds happen, which a warm node skips: ``kcache_testkit.compilers`` logs before this runs) is
-unchanged.
+``c++``, ``gcc``, ``cc``) that runs this file. A build it can key and that writes one ``-o``
+output is answered from the cache when the same build ran before, else run for real and stored.
+The key: every argument, each one that names a file replaced by the file's content hash; the
+compiler binary; the identity of each ``-I<dir>`` (as Inductor passes them); the variables that
+steer the compiler. Anything else (version probes, ``-M`` dependency files, output to stdout,
+reading stdin) goes straight to the real compiler. The wrapper only replaces the compiler's
+work: torch still decides what to build and loads what comes back, so what a test checks of
+kcache (which builds happen, which a warm node skips: ``kcache_testkit.compilers`` logs before
+this runs) is unchanged.
 
 The cache lives outside the checkout (``~/.cache/kcache/test-compilers`` by default) and is pruned
 to ``MAX_CACHE_BYTES`` when a session starts. ``KCACHE_TEST_COMPILER_CACHE=0`` turns it off.
@@ -36,7 +36,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 WRAPPED = ("g++", "c++", "gcc", "cc")
-KEY_VERSION = "1"
+KEY_VERSION = "2"
 MAX_CACHE_BYTES = 2 << 30
 # What makes a call uncacheable: output besides the one ``-o`` file (dependency files, kept
 # temporaries), a listing on stdout, or input from stdin. Preprocessing into ``-o`` is a build.
@@ -129,9 +129,9 @@ def build_key(real: str, args: list[str]) -> tuple[str, str] | None:
         h.update(f"{name}={os.environ.get(name, '')}\0".encode())
     skip_next = False
     for arg in args:
-        if skip_next:  # the output's own name: the same build into another dir is the same build
+        if skip_next:  # the output's dir and name are not: the same build elsewhere is the same build
             skip_next = False
-            h.update(b"-o <out>\0")
+            h.update(f"-o <out>{os.path.splitext(arg)[1]}\0".encode())
             continue
         if arg == "-o":
             skip_next = True
