@@ -240,3 +240,7 @@ def test_batch_urls_answer_urls_only_where_presigned_downloads_are_on(fleet: Fle
     assert httpx.get(answer["urls"][k], timeout=HANG_S).content == fleet.kernels[0].pack
     view = httpx.get(f"{fleet.presigned.url}{wire.path(wire.WORKLOAD, namespace=PREFETCH_NS, name=WORKLOAD)}", timeout=HANG_S)
     assert view.headers[wire.DOWNLOADS] == wire.DOWNLOADS_PRESIGNED
+    # The replica hands every node the same URL of a blob for a while (KCACHE_PRESIGN_REUSE_S,
+    # default 60 s; signed for 300 + 60 s): one signature, and a URL a cache in front of S3 can keep.
+    again = httpx.post(f"{fleet.presigned.url}{path}", json=body, timeout=HANG_S).json()
+    assert again["urls"] == answer["urls"] and "X-Amz-Expires=360" in answer["urls"][k]

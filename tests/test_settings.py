@@ -270,6 +270,8 @@ def test_each_service_duration_takes_units_and_refuses_nonsense_by_name(monkeypa
     ("KCACHE_WORKERS", "0", "KCACHE_WORKERS='0': Input should be greater than or equal to 1"),
     ("KCACHE_PORT", "70000", "KCACHE_PORT='70000': Input should be less than or equal to 65535"),
     ("KCACHE_PRESIGN_EXPIRES_S", "1.5", "KCACHE_PRESIGN_EXPIRES_S='1.5': a whole number of seconds is needed"),
+    # S3 refuses a presigned URL that lives longer than a week, at the node's GET: refused at start.
+    ("KCACHE_PRESIGN_EXPIRES_S", "7d", "KCACHE_PRESIGN_EXPIRES_S (604800) + KCACHE_PRESIGN_REUSE_S (60) is longer than a presigned URL may live"),
 ])
 def test_serve_refuses_other_nonsense_naming_the_variable(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, var: str, value: str, says: str) -> None:
     monkeypatch.setenv("KCACHE_DATA_DIR", str(tmp_path))

@@ -45,6 +45,8 @@ def build_store(settings: Settings) -> CacheStore:
         access_flush_s=settings.access_flush_s,
         budget=MemoryBudget(settings.memory_budget_bytes),
         retention=settings.retention_config,
+        presign_reuse_s=settings.presign_reuse_s,
+        workload_view_ttl_s=settings.workload_view_ttl_s,
     )
 
 

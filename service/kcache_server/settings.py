@@ -31,6 +31,8 @@ LogLevel = Annotated[Literal["trace", "debug", "info", "warning", "error", "crit
                      BeforeValidator(lambda v: v.strip().lower() if isinstance(v, str) else v)]
 
 ENV_PREFIX = "KCACHE_"
+# The longest an S3 SigV4 presigned URL may be valid.
+SIGV4_MAX_EXPIRES_S = 7 * 24 * 3600
 
 Scope = Literal["read", "write", "admin"]
 # Tokens anyone could guess are refused outright, like the full-stack template's "changethis".
@@ -118,6 +120,14 @@ class Settings(BaseSettings):
     backend_timeout_s: Duration = 5.0
     presigned_downloads: bool = False
     presign_expires_s: Annotated[int, BeforeValidator(_whole_seconds)] = Field(default=300, ge=1)
+    # How long a replica hands out one signed URL of a blob again (kcache_server.store.presigned_urls):
+    # it signs for presign_expires_s + this, so every URL handed out is valid presign_expires_s more.
+    # Saves the signing CPU in a fleet start and lets a cache keyed by URL serve one URL to many
+    # nodes. 0: a fresh signature each time.
+    presign_reuse_s: Annotated[int, BeforeValidator(_whole_seconds)] = Field(default=60, ge=0)
+    # How long a process serves a workload's view from memory (kcache_server.store.workload_manifests):
+    # the ranks of a node and the nodes of a fleet start read the same view within moments. 0: never.
+    workload_view_ttl_s: Duration = Field(default=1.0, ge=0)
     s3_endpoint_url: str | None = None
     access_flush_s: Duration = 2.0
     # How long /metrics reuses the storage usage it read from the index (kcache_server.metrics).
@@ -136,6 +146,16 @@ class Settings(BaseSettings):
     @property
     def resolved_index_url(self) -> str:
         return self.index_url or f"sqlite://{(self.data_dir / 'index.sqlite3').resolve()}"
+
+    @model_validator(mode="after")
+    def _presigned_urls_fit_s3(self) -> Settings:
+        # SigV4 presigned URLs live at most a week; S3 refuses longer ones at GET time, on the node.
+        if self.presign_expires_s + self.presign_reuse_s > SIGV4_MAX_EXPIRES_S:
+            raise ValueError(
+                f"KCACHE_PRESIGN_EXPIRES_S ({self.presign_expires_s}) + KCACHE_PRESIGN_REUSE_S ({self.presign_reuse_s}) "
+                f"is longer than a presigned URL may live ({SIGV4_MAX_EXPIRES_S} s, a week)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _parse_grants(self) -> Settings:

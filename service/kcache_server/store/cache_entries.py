@@ -16,19 +16,20 @@ from kcache_schemas import EntryInfo, EntrySignature, Producer
 
 from kcache_server.domain_errors import NotFound
 from kcache_server.kinds import entry_kind
-from kcache_server.storage import BlobStore, BlobStream, Index, IndexRecord
+from kcache_server.storage import BlobStream, Index, IndexRecord
 from kcache_server.store.access_recorder import AccessRecorder
 from kcache_server.store.blob_references import BlobReferences
 from kcache_server.store.commit import CommitProtocol
+from kcache_server.store.presigned_urls import PresignedUrls
 from kcache_server.store.quarantine import Quarantine
 
 
 class CacheEntries:
     def __init__(
-        self, blobs: BlobStore, index: Index, access: AccessRecorder, commits: CommitProtocol,
+        self, urls: PresignedUrls, index: Index, access: AccessRecorder, commits: CommitProtocol,
         references: BlobReferences, quarantine: Quarantine,
     ) -> None:
-        self._blobs, self._index, self._access = blobs, index, access
+        self._urls, self._index, self._access = urls, index, access
         self._commits, self._references, self._quarantine = commits, references, quarantine
 
     def put(
@@ -86,7 +87,7 @@ class CacheEntries:
         """An entry's metadata and a presigned URL of its bytes where the blob store makes them
         (S3), else None (quarantined and missing entries raise as :meth:`open` does)."""
         record = self._record(namespace, layer, key)
-        url = self._blobs.presigned_get_url(record.digest, expires_s)
+        url = self._urls.url(record.digest, expires_s)
         if url is not None:
             self._access.record(namespace, record.kind, [key])
         return EntryInfo.model_validate_json(record.meta), url

@@ -23,6 +23,7 @@ from kcache_server.store.gc import Collector
 from kcache_server.store.kernel_packs import KernelPacks
 from kcache_server.store.key_part_purge import KeyPartPurge
 from kcache_server.store.pins import Pins
+from kcache_server.store.presigned_urls import PresignedUrls
 from kcache_server.store.quarantine import Quarantine
 from kcache_server.store.records import Records
 from kcache_server.store.run_reports import RunReports
@@ -34,11 +35,15 @@ from kcache_server.store.workload_manifests import WorkloadManifests
 class CacheStore:
     """``limits`` bound what a pack may unpack to; ``budget`` is the replica's memory budget,
     from which pack verification and file views take their working memory (unlimited if None);
-    ``retention`` the namespaces' storage limits and age rules (:mod:`kcache_server.retention_rules`)."""
+    ``retention`` the namespaces' storage limits and age rules (:mod:`kcache_server.retention_rules`);
+    ``presign_reuse_s`` how long one signed URL of a blob is handed out again
+    (:mod:`kcache_server.store.presigned_urls`); ``workload_view_ttl_s`` how long a workload's
+    view is served from this process's memory (:mod:`kcache_server.store.workload_manifests`)."""
 
     def __init__(
         self, blobs: BlobStore, index: Index, limits: PackLimits, access_flush_s: float = 2.0,
         budget: MemoryBudget | None = None, retention: RetentionConfig | None = None,
+        presign_reuse_s: int = 0, workload_view_ttl_s: float = 0.0,
     ) -> None:
         self.blobs, self.index, self.limits = blobs, index, limits
         self.budget = budget or MemoryBudget(0)
@@ -54,11 +59,13 @@ class CacheStore:
         self.references = BlobReferences(blobs, index, self.records, self.storage_limits)
         self.commits = CommitProtocol(blobs, index, self.references, self.storage_limits)
         self.quarantine = Quarantine(index, self.commits, self.references)
+        self.presigned_urls = PresignedUrls(blobs, presign_reuse_s)
         self.kernels = KernelPacks(
             blobs, index, limits, self.budget, self.access, self.commits, self.references, self.quarantine, self.records,
+            self.presigned_urls,
         )
-        self.entries = CacheEntries(blobs, index, self.access, self.commits, self.references, self.quarantine)
-        self.workloads = WorkloadManifests(index, self.records, self.access, self.quarantine)
+        self.entries = CacheEntries(self.presigned_urls, index, self.access, self.commits, self.references, self.quarantine)
+        self.workloads = WorkloadManifests(index, self.records, self.access, self.quarantine, workload_view_ttl_s)
         self.runs = RunReports(index, self.records)
         self.pins = Pins(index, self.records)
         self.unsound = UnsoundKeys(index, self.records)

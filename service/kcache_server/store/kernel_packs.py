@@ -33,6 +33,7 @@ from kcache_server.storage import BlobNotFound, BlobStore, BlobStream, Index, In
 from kcache_server.store.access_recorder import AccessRecorder
 from kcache_server.store.blob_references import BlobReferences
 from kcache_server.store.commit import CommitProtocol
+from kcache_server.store.presigned_urls import PresignedUrls
 from kcache_server.store.quarantine import Quarantine
 from kcache_server.store.records import Records
 
@@ -70,9 +71,10 @@ class KernelPacks:
 
     def __init__(
         self, blobs: BlobStore, index: Index, limits: PackLimits, budget: MemoryBudget, access: AccessRecorder,
-        commits: CommitProtocol, references: BlobReferences, quarantine: Quarantine, records: Records,
+        commits: CommitProtocol, references: BlobReferences, quarantine: Quarantine, records: Records, urls: PresignedUrls,
     ) -> None:
         self._blobs, self._index, self._limits, self._budget, self._access = blobs, index, limits, budget, access
+        self._urls = urls
         self._commits, self._references, self._quarantine, self._records = commits, references, quarantine, records
 
     def put(self, namespace: str, key: str, pack: bytes, share: Hold | None = None) -> tuple[KernelEntry, bool]:
@@ -138,7 +140,7 @@ class KernelPacks:
     def download_url(self, namespace: str, key: str, expires_s: int) -> str | None:
         """A presigned URL of the kernel's pack where the blob store makes them (S3), else None."""
         record = self._record(namespace, key)
-        url = self._blobs.presigned_get_url(record.digest, expires_s)
+        url = self._urls.url(record.digest, expires_s)
         if url is not None:
             self._access.record(namespace, KERNEL, [key])
         return url
@@ -154,7 +156,7 @@ class KernelPacks:
         for key in unique:
             if key not in records:
                 continue
-            url = self._blobs.presigned_get_url(records[key].digest, expires_s) if expires_s is not None else None
+            url = self._urls.url(records[key].digest, expires_s) if expires_s is not None else None
             if url is None:
                 inline.append(key)
             else:

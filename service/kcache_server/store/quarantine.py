@@ -10,6 +10,7 @@ report and a racing upload from both standing.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from datetime import datetime, timezone
 
@@ -27,6 +28,10 @@ log = logging.getLogger("kcache_server.store")
 class Quarantine:
     def __init__(self, index: Index, commits: CommitProtocol, references: BlobReferences) -> None:
         self._index, self._commits, self._references = index, commits, references
+        # Bumped whenever this process quarantines or lifts a key: what this process derived from
+        # the quarantine set (a cached workload view) is stale from then on.
+        self.generation = 0
+        self._generation_lock = threading.Lock()
 
     def commit(self, layer: str, record: IndexRecord, data: bytes, supersede: Callable[[IndexRecord], bool] | None = None) -> PutResult:
         """Commit an upload of ``layer`` unless its key is quarantined (:class:`QuarantinedUpload`)."""
@@ -78,6 +83,7 @@ class Quarantine:
         )
         marker = IndexRecord(namespace=namespace, kind=kind, key=key, digest="", size=0, meta=info.model_dump_json())
         stored = self._index.put_if_absent(marker)
+        self._changed()
         if record is not None:
             self._references.drop(record)  # record, then its reference, then its blob if nothing else uses it
         log.warning("%s/%s/%s quarantined: %s", namespace, layer, key, reason)
@@ -93,6 +99,11 @@ class Quarantine:
         """Let the key be uploaded again (the entry itself stays gone)."""
         if not self._index.delete(namespace, quarantine_kind(layer), key):
             raise NotFound(f"quarantine of {layer} entry {key}")
+        self._changed()
+
+    def _changed(self) -> None:
+        with self._generation_lock:
+            self.generation += 1
 
     def quarantined_keys(self, namespace: str, layer: str, keys: list[str]) -> set[str]:
         """Which of ``keys`` of ``layer`` are quarantined (one index call)."""

@@ -3,12 +3,23 @@
 Each published run is its own record (kind ``workload/<name>``, key ``<fingerprint id>/<content
 hash>``), so concurrent publishers never overwrite each other; a view merges every run of one
 environment. Identical publishes collapse into one record.
+
+Every rank of every node of a fleet start reads the same view within moments (8 reads per node
+start, two thirds of its index commands, measured in docs/scale.md), so a process serves a view
+from memory for ``view_ttl_s``: a publish or quarantine through this process is seen at once,
+one through another replica within ``view_ttl_s``. A stale view costs a node nothing it could
+not meet anyway: a kernel it lists that is gone or quarantined is refused when asked for, and a
+run published since is prefetched by the next start.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
 
 from kcache_schemas.models import (
     EntryRef,
@@ -25,10 +36,24 @@ from kcache_server.store.access_recorder import AccessRecorder
 from kcache_server.store.quarantine import Quarantine
 from kcache_server.store.records import Records
 
+# Views one process keeps (least recently read dropped first): a fleet start reads a handful.
+MAX_CACHED_VIEWS = 64
+
 
 class WorkloadManifests:
-    def __init__(self, index: Index, records: Records, access: AccessRecorder, quarantine: Quarantine) -> None:
+    """``view_ttl_s`` 0: every view is read from the index. ``clock``: monotonic seconds."""
+
+    def __init__(
+        self, index: Index, records: Records, access: AccessRecorder, quarantine: Quarantine,
+        view_ttl_s: float = 0.0, clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._index, self._records, self._access, self._quarantine = index, records, access, quarantine
+        self._view_ttl_s, self._clock = view_ttl_s, clock
+        # (namespace, name, fingerprint asked for) -> (read at, generation read at, view); the
+        # generation counts this process's publishes and quarantines: a view read before one is stale.
+        self._views: OrderedDict[tuple[str, str, str | None], tuple[float, tuple[int, int], WorkloadView]] = OrderedDict()
+        self._views_lock = threading.Lock()
+        self._publishes = 0
 
     def publish(self, namespace: str, name: str, manifest: WorkloadManifest) -> tuple[str, str, bool]:
         """Record one run's manifest; ``(fingerprint id, run key, whether it is new)``."""
@@ -39,7 +64,10 @@ class WorkloadManifests:
         record = IndexRecord(namespace=namespace, kind=workload_kind(name), key=key, digest="", size=len(canonical), meta=manifest.model_dump_json())
         stored = self._index.put_if_absent(record)
         created = stored.created_at == record.created_at
-        if not created:
+        if created:
+            with self._views_lock:
+                self._publishes += 1
+        else:
             # A run that used the same set again: its environment is still in use (what the GC's
             # environment purge asks), so count it as an access of the run record.
             self._access.record(namespace, record.kind, [key])
@@ -49,6 +77,24 @@ class WorkloadManifests:
         """The merged manifest of one environment's runs (default: the newest run's environment).
         With no run in that environment, the view is empty and names the environments there are:
         the client turns that into a miss reason."""
+        if self._view_ttl_s <= 0:
+            return self._read_view(namespace, name, fingerprint)
+        key = (namespace, name, fingerprint)
+        now, generation = self._clock(), (self._publishes, self._quarantine.generation)
+        with self._views_lock:
+            held = self._views.get(key)
+            if held is not None and now - held[0] < self._view_ttl_s and held[1] == generation:
+                self._views.move_to_end(key)
+                return held[2]
+        view = self._read_view(namespace, name, fingerprint)  # NotFound is not kept: a publish may follow
+        with self._views_lock:
+            self._views[key] = (now, generation, view)
+            self._views.move_to_end(key)
+            while len(self._views) > MAX_CACHED_VIEWS:
+                self._views.popitem(last=False)
+        return view
+
+    def _read_view(self, namespace: str, name: str, fingerprint: str | None) -> WorkloadView:
         records = self._records.all_records(namespace, workload_kind(name))
         if not records:
             raise NotFound(f"workload {name}")
