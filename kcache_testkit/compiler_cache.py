@@ -38,6 +38,8 @@ from pathlib import Path
 WRAPPED = ("g++", "c++", "gcc", "cc")
 KEY_VERSION = "2"
 MAX_CACHE_BYTES = 2 << 30
+# The call log (one line per compiler run, to see hits and misses) keeps its newest lines only.
+MAX_LOG_BYTES = 1 << 20
 # What makes a call uncacheable: output besides the one ``-o`` file (dependency files, kept
 # temporaries), a listing on stdout, or input from stdin. Preprocessing into ``-o`` is a build.
 UNCACHEABLE = frozenset({"-M", "-MM", "-MD", "-MMD", "-MF", "-MT", "-MQ", "-S", "-save-temps", "-", "-v", "--version", "-###"})
@@ -85,10 +87,12 @@ def install(bin_dir: Path, cache_dir: Path) -> Path:
     return bin_dir
 
 
-def prune(cache_dir: Path, max_bytes: int = MAX_CACHE_BYTES) -> None:
-    """Drop the least recently used outputs until the cache holds at most ``max_bytes``."""
+def prune(cache_dir: Path, max_bytes: int = MAX_CACHE_BYTES, max_log_bytes: int = MAX_LOG_BYTES) -> None:
+    """Drop the least recently used outputs until the cache holds at most ``max_bytes``; cut the
+    call log to its newest lines, about half of ``max_log_bytes``, once it passes that."""
     if not cache_dir.is_dir():
         return
+    _cut_log(cache_dir / "calls.log", max_log_bytes)
     entries = []
     for path in cache_dir.glob("??/*"):
         try:
@@ -102,6 +106,22 @@ def prune(cache_dir: Path, max_bytes: int = MAX_CACHE_BYTES) -> None:
             break
         path.unlink(missing_ok=True)
         total -= size
+
+
+def _cut_log(log: Path, max_bytes: int) -> None:
+    try:
+        if log.stat().st_size <= max_bytes:
+            return
+        with open(log, "rb") as f:
+            f.seek(-(max_bytes // 2), os.SEEK_END)
+            tail = f.read()
+    except FileNotFoundError:
+        return
+    tail = tail[tail.find(b"\n") + 1:]  # from the first whole line
+    fd, tmp = tempfile.mkstemp(dir=log.parent, prefix=".calls.")
+    with os.fdopen(fd, "wb") as f:
+        f.write(tail)
+    os.replace(tmp, log)
 
 
 def _path_without(bin_dir: Path) -> str:

@@ -91,8 +91,14 @@ def test_prune_keeps_the_most_recently_used(tmp_path: Path) -> None:
         path.parent.mkdir(parents=True)
         path.write_bytes(b"x" * 100)
         os.utime(path, (1000 + i, 1000 + i))
-    compiler_cache.prune(cache, max_bytes=250)
+    lines = [f"{i}\thit\t0.001\tg++ -c x.cpp\n" for i in range(100)]
+    (cache / "calls.log").write_text("".join(lines))
+    compiler_cache.prune(cache, max_bytes=250, max_log_bytes=1000)
     assert sorted(p.name for p in cache.glob("??/*")) == ["mid", "new"]
+    # The call log grew by a line per compiler run without end (~100 KB a suite run): cut to its newest lines.
+    kept = (cache / "calls.log").read_text()
+    kept_lines = kept.splitlines(keepends=True)
+    assert len(kept) <= 500 and 10 < len(kept_lines) < 100 and kept_lines == lines[-len(kept_lines):]
 
 
 def test_the_switch_is_read_strictly() -> None:
