@@ -7,12 +7,16 @@ for what another replica did: what this replica published or quarantined shows a
 from __future__ import annotations
 
 import hashlib
+import threading
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kcache_schemas import PackLimits, Producer
-from kcache_schemas.models import EnvFingerprint, WorkloadManifest
+from kcache_schemas.models import EnvFingerprint, WorkloadManifest, WorkloadView
 from kcache_server.domain_errors import NotFound
 from kcache_server.storage import Index
 from kcache_server.storage.file_blobs import FileBlobStore
@@ -100,3 +104,47 @@ def test_ttl_zero_reads_every_view(index: Index, tmp_path: Path) -> None:
         assert r.kernels_a() == [K1, K2]
     finally:
         r.close()
+
+
+class CountingViews(WorkloadManifests):
+    """Counts the index reads of views; each takes a moment, as over a network."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.reads = 0
+        self._count_lock = threading.Lock()
+
+    def _read_view(self, namespace: str, name: str, fingerprint: str | None) -> WorkloadView:
+        with self._count_lock:
+            self.reads += 1
+        time.sleep(0.2)
+        return super()._read_view(namespace, name, fingerprint)
+
+
+def _at_once(views: WorkloadManifests, n: int) -> list[object]:
+    start = threading.Barrier(n)
+
+    def one(_: int) -> object:
+        start.wait()
+        try:
+            return views.view("ns", "w")
+        except NotFound as exc:
+            return exc
+
+    with ThreadPoolExecutor(n) as pool:
+        return list(pool.map(one, range(n)))
+
+
+def test_a_nodes_ranks_asking_at_once_read_the_view_once(index: Index, tmp_path: Path) -> None:
+    """The 8 ranks of a node ask in the same instant: before, all 8 missed the cache and read."""
+    store = CacheStore(FileBlobStore(tmp_path / "blobs"), index, PackLimits(), access_flush_s=60)
+    views = CountingViews(index, store.records, store.access, store.quarantine, view_ttl_s=1.0)
+    try:
+        assert all(isinstance(r, NotFound) for r in _at_once(views, 4))  # a failed read is nobody's answer
+        assert views.reads == 4
+        store.workloads.publish("ns", "w", _run(K1))
+        answers = _at_once(views, 8)
+        assert views.reads == 5 and all(a is answers[0] for a in answers)
+        assert isinstance(answers[0], WorkloadView) and answers[0].kernels == [K1]
+    finally:
+        store.access.close()

@@ -38,6 +38,9 @@ from kcache_server.store.records import Records
 
 # Views one process keeps (least recently read dropped first): a fleet start reads a handful.
 MAX_CACHED_VIEWS = 64
+# How long a request waits for another that reads the same view (index calls have their own,
+# shorter deadlines; past this it reads the view itself).
+LEADER_WAIT_S = 30.0
 
 
 class WorkloadManifests:
@@ -53,6 +56,7 @@ class WorkloadManifests:
         # generation counts this process's publishes and quarantines: a view read before one is stale.
         self._views: OrderedDict[tuple[str, str, str | None], tuple[float, tuple[int, int], WorkloadView]] = OrderedDict()
         self._views_lock = threading.Lock()
+        self._reading: dict[tuple[str, str, str | None], threading.Event] = {}
         self._publishes = 0
 
     def publish(self, namespace: str, name: str, manifest: WorkloadManifest) -> tuple[str, str, bool]:
@@ -82,17 +86,41 @@ class WorkloadManifests:
         key = (namespace, name, fingerprint)
         now, generation = self._clock(), (self._publishes, self._quarantine.generation)
         with self._views_lock:
-            held = self._views.get(key)
-            if held is not None and now - held[0] < self._view_ttl_s and held[1] == generation:
+            view = self._fresh_view(key, now, generation)
+            if view is not None:
+                return view
+            # A node's ranks ask at the same instant: one request reads, the others wait for it.
+            reading = self._reading.get(key)
+            leader = reading is None
+            if reading is None:
+                reading = self._reading[key] = threading.Event()
+        if not leader:
+            reading.wait(LEADER_WAIT_S)
+            with self._views_lock:
+                view = self._fresh_view(key, now, generation)
+            # The reader failed (NotFound is not kept: a publish may follow) or took too long.
+            return view if view is not None else self._read_view(namespace, name, fingerprint)
+        try:
+            view = self._read_view(namespace, name, fingerprint)
+            with self._views_lock:
+                self._views[key] = (now, generation, view)
                 self._views.move_to_end(key)
-                return held[2]
-        view = self._read_view(namespace, name, fingerprint)  # NotFound is not kept: a publish may follow
-        with self._views_lock:
-            self._views[key] = (now, generation, view)
-            self._views.move_to_end(key)
-            while len(self._views) > MAX_CACHED_VIEWS:
-                self._views.popitem(last=False)
-        return view
+                while len(self._views) > MAX_CACHED_VIEWS:
+                    self._views.popitem(last=False)
+            return view
+        finally:
+            with self._views_lock:
+                del self._reading[key]
+            reading.set()
+
+    def _fresh_view(self, key: tuple[str, str, str | None], now: float, generation: tuple[int, int]) -> WorkloadView | None:
+        """The view kept for ``key`` if it is younger than the TTL and no publish or quarantine
+        of this process came after it (the caller holds the lock)."""
+        held = self._views.get(key)
+        if held is None or now - held[0] >= self._view_ttl_s or held[1] != generation:
+            return None
+        self._views.move_to_end(key)
+        return held[2]
 
     def _read_view(self, namespace: str, name: str, fingerprint: str | None) -> WorkloadView:
         records = self._records.all_records(namespace, workload_kind(name))
