@@ -863,6 +863,13 @@ def real_nodes(root: Path, urls: Sequence[str], nodes: int, procs: int, weed: We
 # ---- setups -----------------------------------------------------------------------------------
 
 
+def _setting(text: str) -> tuple[str, str]:
+    name, sep, value = text.partition("=")
+    if not sep or not name.startswith("KCACHE_"):
+        raise argparse.ArgumentTypeError(f"{text!r}: KCACHE_NAME=VALUE expected")
+    return name, value
+
+
 @contextlib.contextmanager
 def replicas(root: Path, env: dict[str, str], count: int, workers: int, name: str) -> Iterator[list[ServerProcess]]:
     servers = [ServerProcess(root / f"{name}{i}" / "data", root / f"{name}{i}", args=["--workers", str(workers)],
@@ -907,6 +914,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--client-deadlines", action="store_true",
                         help="the simulated clients give up where kcache's client does (default: they wait; each request is held to those deadlines afterwards)")
     parser.add_argument("--real-nodes", type=int, default=3, help="real nodes of --procs interpreters (0: none)")
+    parser.add_argument("--service-env", type=_setting, action="append", default=[], metavar="KCACHE_X=VALUE",
+                        help="a setting of every replica (repeatable), e.g. KCACHE_PRESIGN_REUSE_S=0 for the A/B of URL reuse")
     parser.add_argument("--result-name", default="fleet_burst")
     args = parser.parse_args(argv)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -932,7 +941,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                            "entries": len(workload.entries),
                            "entry_mb": round(sum(map(len, workload.entries.values())) / MB, 3),
                            "mb_per_node": round(workload.nbytes / MB, 3)}
-        base_env = {"KCACHE_LOG_LEVEL": "warning", "KCACHE_ACCESS_FLUSH_S": "2"}
+        base_env = {"KCACHE_LOG_LEVEL": "warning", "KCACHE_ACCESS_FLUSH_S": "2"} | dict(args.service_env)
         if "embedded" in setups:
             with replicas(root / "embedded", base_env, 1, args.workers, "embedded") as servers:
                 fp = publish(servers[0].url, workload, fingerprint)
