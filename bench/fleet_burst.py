@@ -5,8 +5,8 @@ Each simulated node does what kcache's prefetch does on a fresh node (``kcache.t
 holder) downloads the kernel packs and cache entries, the others read them from the node's local
 tier (``tests/test_node_fetch_once.py`` proves real processes do that). The downloads are the
 client's: packs in one ``kernels:batch-get`` (or, where the service hands out presigned URLs,
-one ``kernels:batch-urls`` and 8 object-store GETs at a time), entries 8 GETs at a time that
-follow a presigned redirect; with the client's retry rule (one retry after a connection error or
+one ``kernels:batch-urls`` and 8 object-store GETs at a time), entries 8 GETs at a time (or, with
+presigned URLs, one ``entries:batch-urls`` and 8 object-store GETs at a time); with the client's retry rule (one retry after a connection error or
 a 5xx). Nodes are asyncio tasks of this process, each with its own connection pools (an httpx
 ``AsyncClient`` per node and store), so hundreds fit on 2 cores; every byte received is checked
 against the sha256 of what was stored. A node is warm when every pack and entry arrived. What
@@ -345,6 +345,15 @@ class SimNode:
         except _Fetch:
             pass  # counted; the real prefetch goes on with the entries
         refs = [(e["layer"], e["key"]) for e in view["entries"]]
+        if presigned and refs:
+            try:
+                body = {"entries": [{"layer": layer, "key": key} for layer, key in refs]}
+                answer = await self._json(api, "POST", f"/v1/{NS}/entries:batch-urls", body)
+                urls = {(u["layer"], u["key"]): u["url"] for u in answer["urls"]}
+                await self._gather_bounded([self._object(blob, ref, url) for ref, url in urls.items()])
+                refs = [ref for ref in refs if ref not in urls]
+            except _Fetch:
+                pass  # counted; the real prefetch then GETs each entry
         await self._gather_bounded([self._entry(api, ref) for ref in refs])
 
     async def _gather_bounded(self, jobs: Sequence[Awaitable[None]]) -> None:

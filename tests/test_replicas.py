@@ -213,11 +213,31 @@ def test_prefetch_through_a_presigned_replica_takes_the_bytes_from_s3(fleet: Fle
     assert local.get("fx-graph", "e1") == published
     after = _sent(replica)
     pack_bytes = sum(len(k.pack) for k in fleet.kernels)
-    # The replica sent the URL list (JSON) for the packs, a bodiless 307 for the entry.
+    # The replica sent the URL lists (JSON) for the packs and the entry, not their bytes.
     assert after.get("kernel", 0) - before.get("kernel", 0) < pack_bytes / 4
     assert after.get("fx-graph", 0) - before.get("fx-graph", 0) == 0
     assert client.get_entry("fx-graph", "e1") == (published, 7.25)  # the compile time rode on the 307
     client.close()
+
+
+def test_entry_urls_answer_urls_only_where_presigned_downloads_are_on(fleet: Fleet, published: bytes) -> None:
+    path = wire.path(wire.ENTRIES_BATCH_URLS, namespace=PREFETCH_NS)
+    body = {"entries": [{"layer": "fx-graph", "key": "e1"}, {"layer": "autotune", "key": "never-stored"}]}
+    plain = httpx.post(f"{fleet.replicas[0].url}{path}", json=body, timeout=HANG_S)
+    assert plain.status_code == 200, plain.text
+    assert plain.json() == {"urls": [], "inline": [{"layer": "fx-graph", "key": "e1"}],
+                            "missing": [{"layer": "autotune", "key": "never-stored"}], "expires_s": 0}
+
+    signed = httpx.post(f"{fleet.presigned.url}{path}", json=body, timeout=HANG_S)
+    assert signed.status_code == 200, signed.text
+    answer = signed.json()
+    assert (answer["inline"], answer["missing"], answer["expires_s"]) == ([], [{"layer": "autotune", "key": "never-stored"}], 300)
+    [url] = answer["urls"]
+    assert (url["layer"], url["key"], url["compile_time_s"]) == ("fx-graph", "e1", 7.25)
+    assert url["sha256"] == hashlib.sha256(published).hexdigest() and url["url"].startswith(fleet.s3_endpoint + "/")
+    assert httpx.get(url["url"], timeout=HANG_S).content == published
+    bad = httpx.post(f"{fleet.presigned.url}{path}", json={"entries": [{"layer": "no-such-layer", "key": "e1"}]}, timeout=HANG_S)
+    assert bad.status_code == 422, bad.text
 
 
 def test_batch_urls_answer_urls_only_where_presigned_downloads_are_on(fleet: Fleet, published: bytes) -> None:

@@ -304,6 +304,34 @@ class EntryRef(_Model):
     key: EntryKey
 
 
+class EntryUrlsRequest(_Model):
+    entries: list[EntryRef] = Field(min_length=1, max_length=5_000)
+
+
+class EntryUrl(_Model):
+    layer: Layer
+    key: EntryKey
+    url: str
+    sha256: Sha256  # of the entry's bytes: the client checks what the object store sent
+    # The producer's compile time (what a GET's X-Kcache-Compile-Time carries), for "time saved".
+    compile_time_s: float | None = Field(default=None, ge=0)
+
+
+class EntryUrls(_Model):
+    """Where to download many cache entries straight from the object store
+    (``entries:batch-urls``), as :class:`BatchUrls` does for packs: one request for a prefetch's
+    entries instead of one redirected GET each.
+
+    ``urls``: a presigned GET URL per stored entry, valid ``expires_s``; ``inline``: stored
+    entries the service hands out no URL for (presigned downloads off, or a blob store without
+    them): GET those through the service; ``missing``: not stored, or quarantined."""
+
+    urls: list[EntryUrl] = Field(default_factory=list)
+    inline: list[EntryRef] = Field(default_factory=list)
+    missing: list[EntryRef] = Field(default_factory=list)
+    expires_s: int = Field(default=0, ge=0)
+
+
 class WorkloadManifest(_Model):
     """Every kernel and cache entry one job used; published at exit, prefetched by the next job."""
 

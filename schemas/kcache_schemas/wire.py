@@ -23,6 +23,9 @@ KERNELS_BATCH_GET = f"{KERNELS}:batch-get"
 KERNELS_BATCH_URLS = f"{KERNELS}:batch-urls"
 ENTRIES = f"{API}/{{namespace}}/entries"
 ENTRY = f"{ENTRIES}/{{layer}}/{{key}}"
+# Presigned object-store URLs for many entries at once (kcache_schemas.models.EntryUrls): a
+# prefetch asks once instead of one redirected GET per entry.
+ENTRIES_BATCH_URLS = f"{ENTRIES}:batch-urls"
 ENTRY_LIST = f"{ENTRIES}/{{layer}}"  # GET ?prefix=&limit=&cursor=: a layer's entries, paginated like KERNELS
 # (kcache ls --entries; kcache explain lists the key-components layer's identity markers with it)
 ENTRY_INFO = f"{ENTRY}/info"

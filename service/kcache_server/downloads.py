@@ -9,7 +9,9 @@ once (issue #33: a multi-rank job on one node) needs counts per key. The metrics
   (``via=redirect``: the bytes then come from the object store, once per redirect);
 * ``POST .../kernels:batch-get``: each pack as its turn in the stream comes (``via=batch-get``;
   a pack whose blob vanished is not logged: the client sees it missing);
-* ``GET .../entries/{layer}/{key}``: the entry (``via=get``).
+* ``GET .../entries/{layer}/{key}``: the entry (``via=get``), or its redirect (``via=redirect``);
+* ``POST .../kernels:batch-urls`` and ``.../entries:batch-urls``: each presigned URL handed out
+  (``via=url``: the bytes then come from the object store).
 
 HEAD, manifests, file views and misses are not downloads and are not logged. A line is written
 when the service starts sending the artifact (a client that goes away mid-body still counts).
@@ -39,7 +41,7 @@ class Download:
     namespace: str
     layer: str  # "kernel" or an entry layer
     key: str
-    via: str  # "get", "batch-get" or "redirect"
+    via: str  # "get", "batch-get", "redirect" or "url"
     size: int  # bytes sent (0 for a redirect)
     peer: str  # the client's host:port as the service saw it
 

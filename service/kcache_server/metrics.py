@@ -9,7 +9,8 @@
   ``GET``/``HEAD`` that finds the pack is a hit, a 404 a miss; each key of a ``kernels:batch-get``
   counts once (found or missing, as the route counted them: ``record_batch_lookups``; a
   ``kernels:batch-urls`` counts the keys it signed a URL for and the missing ones); entry
-  ``GET``/``HEAD`` count under their layer. Manifest/file views (the dashboard) are not lookups.
+  ``GET``/``HEAD`` count under their layer, and so do the entries an ``entries:batch-urls``
+  signed a URL for or found missing. Manifest/file views (the dashboard) are not lookups.
 * ``kcache_bytes_received_total{layer}``, ``kcache_bytes_sent_total{layer}``: body bytes; ``layer``
   is ``kernel``, an entry layer, or ``api`` for everything else.
 * ``kcache_storage_bytes{namespace,kind}``, ``kcache_storage_entries{namespace,kind}``: from
@@ -205,13 +206,17 @@ def _layer_of(template: str, scope: Scope) -> str:
     return "api"
 
 
-# A route that answers many lookups in one response (kernels:batch-get) leaves its counts here,
-# in the request's state: the middleware records them instead of re-reading the response.
+# A route that answers many lookups in one response (kernels:batch-get, entries:batch-urls) leaves
+# its counts here, per layer, in the request's state: the middleware records them instead of
+# re-reading the response.
 BATCH_LOOKUPS = "kcache_batch_lookups"
 
 
-def record_batch_lookups(request: Request, found: int, missing: int) -> None:
-    setattr(request.state, BATCH_LOOKUPS, (found, missing))
+def record_batch_lookups(request: Request, found: int, missing: int, layer: str = KERNEL_LAYER) -> None:
+    counts: dict[str, tuple[int, int]] = getattr(request.state, BATCH_LOOKUPS, None) or {}
+    before = counts.get(layer, (0, 0))
+    counts[layer] = (before[0] + found, before[1] + missing)
+    setattr(request.state, BATCH_LOOKUPS, counts)
 
 
 class MetricsMiddleware:
@@ -265,14 +270,12 @@ class MetricsMiddleware:
                 m.lookups.labels(layer, "hit").inc()
             elif status == 404:
                 m.lookups.labels(layer, "miss").inc()
-        elif template in (wire.KERNELS_BATCH_GET, wire.KERNELS_BATCH_URLS) and status == 200:
-            counts = scope.get("state", {}).get(BATCH_LOOKUPS)
-            if counts is not None:
-                found, missing = counts
+        elif template in (wire.KERNELS_BATCH_GET, wire.KERNELS_BATCH_URLS, wire.ENTRIES_BATCH_URLS) and status == 200:
+            for batch_layer, (found, missing) in (scope.get("state", {}).get(BATCH_LOOKUPS) or {}).items():
                 if found:
-                    m.lookups.labels(KERNEL_LAYER, "hit").inc(found)
+                    m.lookups.labels(batch_layer, "hit").inc(found)
                 if missing:
-                    m.lookups.labels(KERNEL_LAYER, "miss").inc(missing)
+                    m.lookups.labels(batch_layer, "miss").inc(missing)
         elif template == wire.RUN_STATS and method == "POST" and status in (200, 201):
             m.run_reports.inc()
         elif template == wire.ENTRY_QUARANTINE and method == "POST" and status == 201:

@@ -25,9 +25,10 @@ prefetcher costs the node one retry of what it had in flight, never a second dow
 
 **Bytes from the object store.** Where the service hands out presigned URLs (its workload view
 says ``wire.DOWNLOADS``: ``presigned``), packs come from S3 by the URLs of one
-``kernels:batch-urls``, 8 at a time, and entries by following their GET's redirect: the API tier
-answers the index, S3 sends the bytes. Keys without a URL, and a URL that failed, are fetched in
-one batch-get through the service.
+``kernels:batch-urls`` and entries by those of one ``entries:batch-urls``, 8 at a time: the API
+tier answers the index, S3 sends the bytes (an entry's checked against the sha256 the service
+listed). Packs without a URL, and a URL that failed, are fetched in one batch-get through the
+service; entries by their GET (a service older than ``entries:batch-urls``: every entry so).
 
 Kernels are *not* written into a Triton cache dir here: which dir is right (``TRITON_CACHE_DIR``,
 Inductor's per-device ``<cache>/triton/<device>``, Triton's ``~/.triton/cache``) is known only to
@@ -38,6 +39,8 @@ manager, on its local miss) emits the pack from the local tier into its own dir.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import logging
 import sys
 import threading
@@ -47,7 +50,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 
 from kcache_schemas import PackError, wire
-from kcache_schemas.models import WorkloadManifest, WorkloadView
+from kcache_schemas.models import EntryUrl, WorkloadManifest, WorkloadView
 
 from kcache.exceptions import KcacheError, NotFound
 from kcache.host.after_import import KCACHE_THREAD_PREFIX
@@ -168,21 +171,38 @@ def pull_workload(
 
     lock = threading.Lock()
 
+    def keep(layer: str, key: str, data: bytes) -> None:
+        local.put(layer, key, data)
+        if on_stored is not None:
+            on_stored(layer, key)
+        with lock:  # eight fetch threads share the counts
+            counts["entries"] += 1
+            counts["entry_bytes"] += len(data)
+
     def fetch(ref: tuple[str, str]) -> None:
         layer, key = ref
         try:
             data, _compile_time = client.get_entry(layer, key)
-            local.put(layer, key, data)
-            if on_stored is not None:
-                on_stored(layer, key)
-            with lock:  # eight fetch threads share the counts
-                counts["entries"] += 1
-                counts["entry_bytes"] += len(data)
+            keep(layer, key, data)
         except KcacheError:
             pass
         finally:
             if on_entry is not None:
                 on_entry(layer, key)
+
+    def fetch_url(entry: EntryUrl) -> None:
+        try:
+            data = client.get_url(entry.url)
+        except KcacheError:
+            data = None  # expired, gone from the store, unreachable: the service may still serve it
+        if data is None or hashlib.sha256(data).hexdigest() != entry.sha256:
+            fetch((entry.layer, entry.key))
+            return
+        try:
+            keep(entry.layer, entry.key, data)
+        finally:
+            if on_entry is not None:
+                on_entry(entry.layer, entry.key)
 
     refs = []
     for e in view.entries:
@@ -192,9 +212,24 @@ def pull_workload(
                 on_entry(e.layer, e.key)
         else:
             refs.append((e.layer, e.key))
+    jobs: list[Callable[[], None]] = []
+    if refs and client.presigned_downloads:
+        try:
+            urls = client.batch_entry_urls(refs)
+        except KcacheError:
+            urls = None  # a service older than entries:batch-urls, or a failed ask: one GET each
+        if urls is not None:
+            gone = {(e.layer, e.key) for e in urls.missing}
+            signed = {(u.layer, u.key) for u in urls.urls}
+            for layer, key in gone:
+                if on_entry is not None:
+                    on_entry(layer, key)
+            jobs += [functools.partial(fetch_url, u) for u in urls.urls]
+            refs = [ref for ref in refs if ref not in gone and ref not in signed]
+    jobs += [functools.partial(fetch, ref) for ref in refs]
     try:
         with ThreadPoolExecutor(max_workers=8, thread_name_prefix=KCACHE_THREAD_PREFIX + "prefetch") as pool:
-            list(pool.map(fetch, refs))
+            list(pool.map(lambda job: job(), jobs))
     except RuntimeError:
         # The interpreter is shutting down (the job ended before the prefetch did): nothing
         # here is worth delaying its exit for, or telling it about.

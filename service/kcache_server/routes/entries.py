@@ -14,7 +14,7 @@ from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import RedirectResponse
 from kcache_schemas import EntryInfo, Producer, QuarantineInfo, QuarantineRequest, wire
-from kcache_schemas.models import EntryList
+from kcache_schemas.models import EntryList, EntryUrls, EntryUrlsRequest
 
 from kcache_server import downloads
 from kcache_server.deps import (
@@ -28,6 +28,7 @@ from kcache_server.deps import (
     StoreDep,
     read_body,
 )
+from kcache_server.metrics import record_batch_lookups
 from kcache_server.producer_keys import admit_entry, registered_keys, supersedes
 from kcache_server.responses import blob_response
 
@@ -81,6 +82,22 @@ def get_entry(
     info, blob = store.entries.open(namespace, layer, key)
     downloads.record(settings, request, namespace, layer, key, "get", blob.size)
     return blob_response(blob, "application/octet-stream", _headers(info))
+
+
+@router.post(wire.ENTRIES_BATCH_URLS, response_model=EntryUrls, summary="Presigned object-store URLs for many entries")
+def batch_entry_urls(request: Request, body: EntryUrlsRequest, namespace: Namespace, store: StoreDep, settings: SettingsDep,
+                     _: CanRead) -> EntryUrls:
+    """One index read per layer and a signature per stored entry: a prefetch asks once for its
+    entries (when a workload view says ``wire.DOWNLOADS``: ``presigned``) instead of one
+    redirected GET each. Stored entries the service signs no URL for (presigned downloads off,
+    a file blob store) are listed in ``inline``: GET those."""
+    answer = store.entries.download_urls(namespace, body.entries, settings.presign_expires_s if settings.presigned_downloads else None)
+    for url in answer.urls:
+        record_batch_lookups(request, 1, 0, url.layer)
+        downloads.record(settings, request, namespace, url.layer, url.key, "url", 0)
+    for ref in answer.missing:
+        record_batch_lookups(request, 0, 1, ref.layer)
+    return answer
 
 
 @router.head(wire.ENTRY, summary="Whether an entry exists", response_class=Response,

@@ -139,6 +139,8 @@ def batch_urls(request: Request, body: BatchGetRequest, namespace: Namespace, st
     downloads off, a file blob store) are listed in ``inline``: fetch them through batch-get."""
     answer = store.kernels.download_urls(namespace, body.keys, settings.presign_expires_s if settings.presigned_downloads else None)
     record_batch_lookups(request, len(answer.urls), len(answer.missing))  # inline ones: counted by their batch-get
+    for key in answer.urls:
+        downloads.record(settings, request, namespace, downloads.KERNEL_LAYER, key, "url", 0)
     return answer
 
 

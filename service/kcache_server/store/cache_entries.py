@@ -13,6 +13,7 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 
 from kcache_schemas import EntryInfo, EntrySignature, Producer
+from kcache_schemas.models import EntryRef, EntryUrl, EntryUrls
 
 from kcache_server.domain_errors import NotFound
 from kcache_server.kinds import entry_kind
@@ -91,6 +92,35 @@ class CacheEntries:
         if url is not None:
             self._access.record(namespace, record.kind, [key])
         return EntryInfo.model_validate_json(record.meta), url
+
+    def download_urls(self, namespace: str, refs: list[EntryRef], expires_s: int | None) -> EntryUrls:
+        """Presigned URLs of many entries, one index read per layer (``expires_s`` None: presigned
+        downloads are off, and every stored entry is ``inline``: to be fetched by its GET).
+        Quarantined entries have no record: they are ``missing``, as their GET is a refusal."""
+        wanted = list(dict.fromkeys((ref.layer, ref.key) for ref in refs))
+        by_layer: dict[str, list[str]] = {}
+        for layer, key in wanted:
+            by_layer.setdefault(layer, []).append(key)
+        records = {layer: self._index.get_many(namespace, entry_kind(layer), keys) for layer, keys in by_layer.items()}
+        answer = EntryUrls()
+        for layer, key in wanted:
+            record = records[layer].get(key)
+            if record is None:
+                answer.missing.append(EntryRef(layer=layer, key=key))
+                continue
+            url = self._urls.url(record.digest, expires_s) if expires_s is not None else None
+            if url is None:
+                answer.inline.append(EntryRef(layer=layer, key=key))
+                continue
+            info = EntryInfo.model_validate_json(record.meta)
+            answer.urls.append(EntryUrl(layer=layer, key=key, url=url, sha256=info.sha256, compile_time_s=info.producer.compile_time_s))
+        for layer in by_layer:  # the inline ones are recorded when their GETs serve them
+            signed = [u.key for u in answer.urls if u.layer == layer]
+            if signed:
+                self._access.record(namespace, entry_kind(layer), signed)
+        if answer.urls and expires_s:
+            answer.expires_s = expires_s
+        return answer
 
     def open(self, namespace: str, layer: str, key: str) -> tuple[EntryInfo, BlobStream]:
         """:meth:`read`, streamed (the caller closes the stream)."""
