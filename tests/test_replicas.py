@@ -175,6 +175,12 @@ WORKLOAD = "presigned-burst"
 _SENT = re.compile(r'^kcache_bytes_sent_total\{layer="([^"]+)"\} ([0-9.e+]+)$', re.MULTILINE)
 
 
+def _lookups(replica: ServerProcess, layer: str, result: str) -> float:
+    text = httpx.get(f"{replica.url}/metrics", timeout=HANG_S).text
+    found = re.search(rf'^kcache_lookups_total\{{layer="{layer}",result="{result}"\}} ([0-9.e+]+)$', text, re.MULTILINE)
+    return float(found.group(1)) if found else 0.0
+
+
 def _sent(replica: ServerProcess) -> dict[str, float]:
     return {layer: float(v) for layer, v in _SENT.findall(httpx.get(f"{replica.url}/metrics", timeout=HANG_S).text)}
 
@@ -228,16 +234,20 @@ def test_entry_urls_answer_urls_only_where_presigned_downloads_are_on(fleet: Fle
     assert plain.json() == {"urls": [], "inline": [{"layer": "fx-graph", "key": "e1"}],
                             "missing": [{"layer": "autotune", "key": "never-stored"}], "expires_s": 0}
 
+    before = (_lookups(fleet.presigned, "fx-graph", "hit"), _lookups(fleet.presigned, "autotune", "miss"))
     signed = httpx.post(f"{fleet.presigned.url}{path}", json=body, timeout=HANG_S)
     assert signed.status_code == 200, signed.text
     answer = signed.json()
     assert (answer["inline"], answer["missing"], answer["expires_s"]) == ([], [{"layer": "autotune", "key": "never-stored"}], 300)
+    # Each entry signed or missing is a lookup of its layer, as its GET would have been.
+    assert (_lookups(fleet.presigned, "fx-graph", "hit"), _lookups(fleet.presigned, "autotune", "miss")) == (before[0] + 1, before[1] + 1)
     [url] = answer["urls"]
     assert (url["layer"], url["key"], url["compile_time_s"]) == ("fx-graph", "e1", 7.25)
     assert url["sha256"] == hashlib.sha256(published).hexdigest() and url["url"].startswith(fleet.s3_endpoint + "/")
     assert httpx.get(url["url"], timeout=HANG_S).content == published
-    bad = httpx.post(f"{fleet.presigned.url}{path}", json={"entries": [{"layer": "no-such-layer", "key": "e1"}]}, timeout=HANG_S)
-    assert bad.status_code == 422, bad.text
+    for bad_body in ({"entries": []}, {"entries": [{"layer": "fx graph/..", "key": "e1"}]}, {"keys": ["e1"]}):
+        bad = httpx.post(f"{fleet.presigned.url}{path}", json=bad_body, timeout=HANG_S)
+        assert bad.status_code == 422 and bad.json()["error"]["code"] == "invalid_request", bad.text
 
 
 def test_batch_urls_answer_urls_only_where_presigned_downloads_are_on(fleet: Fleet, published: bytes) -> None:

@@ -28,7 +28,7 @@ from kcache_schemas import (
     wire,
 )
 from kcache_schemas.error_codes import STATUS
-from kcache_schemas.models import BatchUrls, EntryList, EntryUrls, WorkloadView
+from kcache_schemas.models import BatchUrls, EntryList, EntryRef, EntryUrl, EntryUrls, WorkloadView
 from kcache_schemas.pack import DEFAULT_LIMITS, MEDIA_TYPE
 from kcache_schemas.unsound_reports import UnsoundReport
 
@@ -345,18 +345,21 @@ class KcacheClient:
         ``inline``: stored, to GET through the service; ``missing``: not stored, or quarantined).
         Entries not asked for are dropped. A service older than the route answers 404 or 405."""
         refs = list(dict.fromkeys(refs))
-        answer = EntryUrls()
+        urls: list[EntryUrl] = []
+        inline: list[EntryRef] = []
+        missing: list[EntryRef] = []
+        expires = 0
         for i in range(0, len(refs), _BATCH_GET):
             chunk = refs[i : i + _BATCH_GET]
             body = {"entries": [{"layer": layer, "key": key} for layer, key in chunk]}
             part = EntryUrls.model_validate_json(
                 self._request("POST", wire.path(wire.ENTRIES_BATCH_URLS, namespace=self._ns), json=body).content)
             wanted = set(chunk)
-            answer.urls += [u for u in part.urls if (u.layer, u.key) in wanted and u.url.startswith(("https://", "http://"))]
-            answer.inline += [e for e in part.inline if (e.layer, e.key) in wanted]
-            answer.missing += [e for e in part.missing if (e.layer, e.key) in wanted]
-            answer.expires_s = part.expires_s
-        return answer
+            urls += [u for u in part.urls if (u.layer, u.key) in wanted and u.url.startswith(("https://", "http://"))]
+            inline += [e for e in part.inline if (e.layer, e.key) in wanted]
+            missing += [e for e in part.missing if (e.layer, e.key) in wanted]
+            expires = part.expires_s
+        return EntryUrls(urls=urls, inline=inline, missing=missing, expires_s=expires)
 
     def get_url(self, url: str) -> bytes:
         """The body at a presigned object-store URL (under the same deadlines and breaker as

@@ -102,25 +102,25 @@ class CacheEntries:
         for layer, key in wanted:
             by_layer.setdefault(layer, []).append(key)
         records = {layer: self._index.get_many(namespace, entry_kind(layer), keys) for layer, keys in by_layer.items()}
-        answer = EntryUrls()
+        urls: list[EntryUrl] = []
+        inline: list[EntryRef] = []
+        missing: list[EntryRef] = []
         for layer, key in wanted:
             record = records[layer].get(key)
             if record is None:
-                answer.missing.append(EntryRef(layer=layer, key=key))
+                missing.append(EntryRef(layer=layer, key=key))
                 continue
             url = self._urls.url(record.digest, expires_s) if expires_s is not None else None
             if url is None:
-                answer.inline.append(EntryRef(layer=layer, key=key))
+                inline.append(EntryRef(layer=layer, key=key))
                 continue
             info = EntryInfo.model_validate_json(record.meta)
-            answer.urls.append(EntryUrl(layer=layer, key=key, url=url, sha256=info.sha256, compile_time_s=info.producer.compile_time_s))
+            urls.append(EntryUrl(layer=layer, key=key, url=url, sha256=info.sha256, compile_time_s=info.producer.compile_time_s))
         for layer in by_layer:  # the inline ones are recorded when their GETs serve them
-            signed = [u.key for u in answer.urls if u.layer == layer]
+            signed = [u.key for u in urls if u.layer == layer]
             if signed:
                 self._access.record(namespace, entry_kind(layer), signed)
-        if answer.urls and expires_s:
-            answer.expires_s = expires_s
-        return answer
+        return EntryUrls(urls=urls, inline=inline, missing=missing, expires_s=expires_s if urls and expires_s else 0)
 
     def open(self, namespace: str, layer: str, key: str) -> tuple[EntryInfo, BlobStream]:
         """:meth:`read`, streamed (the caller closes the stream)."""
