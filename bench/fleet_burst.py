@@ -271,10 +271,11 @@ class NodeSpec:
     want: dict[tuple[str, str], str]
     deadlines: Deadlines
     direct: dict[tuple[str, str], str] | None = None
+    entry_gets: bool = False  # entries by one redirected GET each, as clients before entries:batch-urls
 
     def node(self, i: int) -> SimNode:
         return SimNode(self.urls[i % len(self.urls)] if self.urls else None, self.fingerprint, self.procs,
-                       self.want, self.deadlines, self.direct)
+                       self.want, self.deadlines, self.direct, self.entry_gets)
 
 
 class _Fetch(Exception):
@@ -307,9 +308,9 @@ class SimNode:
     """One fresh node's prefetch over the wire, as kcache.transport.workload does it."""
 
     def __init__(self, api_url: str | None, fingerprint: str, procs: int, want: dict[tuple[str, str], str],
-                 deadlines: Deadlines, direct: dict[tuple[str, str], str] | None = None) -> None:
+                 deadlines: Deadlines, direct: dict[tuple[str, str], str] | None = None, entry_gets: bool = False) -> None:
         self.api_url, self.fingerprint, self.procs, self.want = api_url, fingerprint, procs, want
-        self.deadlines, self.direct = deadlines, direct
+        self.deadlines, self.direct, self.entry_gets = deadlines, direct, entry_gets
         self.r = NodeResult()
 
     async def run(self) -> NodeResult:
@@ -345,7 +346,7 @@ class SimNode:
         except _Fetch:
             pass  # counted; the real prefetch goes on with the entries
         refs = [(e["layer"], e["key"]) for e in view["entries"]]
-        if presigned and refs:
+        if presigned and refs and not self.entry_gets:
             try:
                 body = {"entries": [{"layer": layer, "key": key} for layer, key in refs]}
                 answer = await self._json(api, "POST", f"/v1/{NS}/entries:batch-urls", body)
@@ -775,7 +776,7 @@ def run_phase(tier: Tier, spec: NodeSpec, count: int, rate: float | None, unload
 
 def run_setup(name: str, tier: Tier, urls: Sequence[str], fingerprint: str, want: dict[tuple[str, str], str],
               args: argparse.Namespace, workload_bytes: int, direct: dict[tuple[str, str], str] | None = None) -> dict[str, Any]:
-    spec = NodeSpec(tuple(urls), fingerprint, args.procs, want, Deadlines.make(args.client_deadlines), direct)
+    spec = NodeSpec(tuple(urls), fingerprint, args.procs, want, Deadlines.make(args.client_deadlines), direct, args.entry_gets)
     asyncio.run(spec.node(0).run())  # warm-up: connections, page cache, the replicas' first requests
     singles = [asyncio.run(spec.node(0).run()) for _ in range(args.baseline_repeats)]
     unloaded = statistics.median(r.seconds for r in singles)
@@ -925,6 +926,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--real-nodes", type=int, default=3, help="real nodes of --procs interpreters (0: none)")
     parser.add_argument("--service-env", type=_setting, action="append", default=[], metavar="KCACHE_X=VALUE",
                         help="a setting of every replica (repeatable), e.g. KCACHE_PRESIGN_REUSE_S=0 for the A/B of URL reuse")
+    parser.add_argument("--entry-gets", action="store_true",
+                        help="presigned nodes take entries by one redirected GET each (clients before entries:batch-urls)")
     parser.add_argument("--result-name", default="fleet_burst")
     args = parser.parse_args(argv)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
