@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The version matrix: the tests marked `torch` (they drive torch or Triton; tests/test_architecture.py
-# checks every such module carries the marker), on the oldest and newest supported torch (the full
+# checks every such module carries the marker) and not `one_torch` (a test inside such a module whose
+# check does not depend on torch's version), on the oldest and newest supported torch (the full
 # suite runs on the default torch, pyproject's dev extra). Called by scripts/test.sh:
 #
 #   scripts/torch_matrix.sh build          make or refresh every version's virtualenv (downloads)
 #   scripts/torch_matrix.sh run [ARGS]     run the marked tests in each; ARGS go to pytest, and an
-#                                          `-m EXPR` among them narrows the marker: torch and (EXPR)
+#                                          `-m EXPR` among them narrows the marker: ... and (EXPR)
 #
 # Each torch gets its own virtualenv, cached outside the checkout (CI clones afresh every run) in
 # ${KCACHE_MATRIX_CACHE:-~/.cache/kcache/torch-matrix}, rebuilt when its torch is not the one asked
@@ -53,11 +54,11 @@ build() {
 
 run() {
   # `-m EXPR` from the caller narrows the marker instead of replacing it.
-  local marker="torch" args=()
+  local marker="torch and not one_torch" args=()
   while [ $# -gt 0 ]; do
     case "$1" in
-      -m) marker="torch and ($2)"; shift 2 ;;
-      -m*) marker="torch and (${1#-m})"; shift ;;
+      -m) marker="$marker and ($2)"; shift 2 ;;
+      -m*) marker="$marker and (${1#-m})"; shift ;;
       *) args+=("$1"); shift ;;
     esac
   done

@@ -17,6 +17,16 @@ right after (the default user path: uploads in flight at exit). Every other scen
 variant, a degraded service's deadlines), which fails on every run when it regresses. A scenario
 has two paths, a node's cold first run (it compiles, fills the local caches, uploads) and a warm
 restart (local hits, nothing to upload): 2 runs take each once; more repetitions add only time.
+
+The torch matrix (scripts/torch_matrix.sh: the oldest and newest supported torch) runs the
+scenarios whose outcome can change with torch's version, with fewer runs: the two race scenarios,
+the activation paths that patch and unpatch torch (explicit install before ``import torch``,
+reinstall, uninstall), a published workload and ``kcache warm``. The rest are marked
+``one_torch`` and run on the default torch only, because what they check is kcache's own logic:
+``KCACHE_MODE=off`` (kcache installs nothing), a workload the service does not know (the
+prefetcher's 404), read-only (the matrix runs tests/test_settings.py's read-only job, which
+checks that nothing is uploaded on each torch) and the degraded services (the client's deadlines
+and breaker; the matrix runs tests/test_failopen.py against each torch's hooks).
 """
 
 from __future__ import annotations
@@ -141,24 +151,36 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]
         yield server
 
 
-def _published(service: ServerProcess, workload: str, tmp: Path, baseline_result: object) -> None:
-    """An earlier job published ``workload`` (as a user's first run would)."""
-    run = run_job(Node(tmp / f"publisher-{workload}"), 0, "compile", None, KCACHE_URL=service.url, KCACHE_WORKLOAD=workload)
-    assert run.rc == 0 and run.result == baseline_result, run.describe()
-    with service.client() as http:
-        assert http.get(f"/v1/default/workloads/{workload}").status_code == 200
+@pytest.fixture(scope="module")
+def published(service: ServerProcess, baseline, tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], None]:  # type: ignore[no-untyped-def]
+    """An earlier job published a workload (as a user's first run would): once per workload and
+    module, shared by the scenarios that start from it (each publisher is a cold interpreter, and
+    what a second one would add, a warm node's run, is what those scenarios check)."""
+    done: set[str] = set()
+
+    def publish(workload: str) -> None:
+        if workload in done:
+            return
+        compiled, _ = baseline("compile")
+        run = run_job(Node(tmp_path_factory.mktemp(f"publisher-{workload}")), 0, "compile", None,
+                      KCACHE_URL=service.url, KCACHE_WORKLOAD=workload)
+        assert run.rc == 0 and run.result == compiled, run.describe()
+        with service.client() as http:
+            assert http.get(f"/v1/default/workloads/{workload}").status_code == 200
+        done.add(workload)
+
+    return publish
 
 
 # ---- a healthy service ----------------------------------------------------------------------------
 
 
-def test_import_torch_races_the_prefetch_of_a_published_workload(service: ServerProcess, baseline, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_import_torch_races_the_prefetch_of_a_published_workload(service: ServerProcess, baseline, published, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """The prefetcher starts at interpreter start while the main thread imports torch. Before the
     fix it imported Inductor's runtime utilities from its thread and broke ``import torch``
     (``cannot import name 'Node' from partially initialized module 'torch.fx'``): 10 of 10 runs
     pinned to one CPU, on a 2-core machine."""
-    compiled, _ = baseline("compile")
-    _published(service, "race", tmp_path, compiled)
+    published("race")
     expected, _ = baseline("import")
     runs = run_many(Node(tmp_path / "node"), "import", RACE_RUNS, KCACHE_URL=service.url, KCACHE_WORKLOAD="race")
     assert len(runs) == RACE_RUNS
@@ -171,20 +193,19 @@ def test_import_torch_races_the_prefetch_of_a_published_workload(service: Server
     [
         ("autoload", "compile", {}, RACE_RUNS),
         ("published-workload", "compile", {"KCACHE_WORKLOAD": "published"}, PATH_RUNS),
-        ("unpublished-workload", "compile", {"KCACHE_WORKLOAD": "fresh-{i}"}, PATH_RUNS),
+        pytest.param("unpublished-workload", "compile", {"KCACHE_WORKLOAD": "fresh-{i}"}, PATH_RUNS, marks=pytest.mark.one_torch),
         ("explicit-install", "install", {"KCACHE_AUTOLOAD": "0", "KCACHE_WORKLOAD": "published"}, PATH_RUNS),
         ("reinstall", "reinstall", {"KCACHE_WORKLOAD": "published"}, PATH_RUNS),
         ("uninstall", "uninstall", {"KCACHE_WORKLOAD": "published"}, PATH_RUNS),
-        ("readonly", "compile", {"KCACHE_MODE": "readonly", "KCACHE_WORKLOAD": "published"}, PATH_RUNS),
-        ("off", "compile", {"KCACHE_MODE": "off", "KCACHE_WORKLOAD": "published"}, PATH_RUNS),
+        pytest.param("readonly", "compile", {"KCACHE_MODE": "readonly", "KCACHE_WORKLOAD": "published"}, PATH_RUNS, marks=pytest.mark.one_torch),
+        pytest.param("off", "compile", {"KCACHE_MODE": "off", "KCACHE_WORKLOAD": "published"}, PATH_RUNS, marks=pytest.mark.one_torch),
     ],
 )
 def test_every_activation_path_against_a_healthy_service(  # type: ignore[no-untyped-def]
-    name: str, job: str, env: dict[str, str], runs: int, service: ServerProcess, baseline, tmp_path: Path
+    name: str, job: str, env: dict[str, str], runs: int, service: ServerProcess, baseline, published, tmp_path: Path
 ) -> None:
-    compiled, _ = baseline("compile")
     if env.get("KCACHE_WORKLOAD") == "published":
-        _published(service, "published", tmp_path, compiled)
+        published("published")
     expected, _ = baseline(job if job != "install" else "compile")
     done = run_many(Node(tmp_path / "node"), job, runs, KCACHE_URL=service.url, **env)
     assert len(done) == runs
@@ -193,10 +214,10 @@ def test_every_activation_path_against_a_healthy_service(  # type: ignore[no-unt
     assert not [w for run in done for w in kcache_warnings(run)], [kcache_warnings(r) for r in done]
 
 
-def test_kcache_warm_then_the_job(service: ServerProcess, baseline, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_kcache_warm_then_the_job(service: ServerProcess, baseline, published, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """A container entrypoint runs ``kcache warm``; the job starts right after it."""
     expected, _ = baseline("compile")
-    _published(service, "warmed", tmp_path, expected)
+    published("warmed")
     node = Node(tmp_path / "node")
 
     def warm(i: int) -> None:
@@ -237,6 +258,7 @@ FAULTS: dict[str, Callable[[], FaultServer]] = {
 }
 
 
+@pytest.mark.one_torch  # the client's deadlines and breaker; the matrix runs tests/test_failopen.py
 @pytest.mark.parametrize("fault", sorted(FAULTS))
 def test_a_degraded_service_never_breaks_or_hangs_the_job(fault: str, baseline, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     expected, warm_s = baseline("compile")
