@@ -63,7 +63,7 @@ def _weight(item: pytest.Item) -> int:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Modules in order of weight (their heaviest test), each module's tests in file order. Under
     ``--dist loadscope`` xdist hands out the modules with the most tests first and keeps this order
-    among modules with as many (pyproject says why its order is kept)."""
+    among modules with as many (pyproject says why xdist's reorder stays on)."""
     module_weight: dict[str, int] = {}
     for item in items:
         module_weight[item.module.__name__ if item.module else ""] = min(
