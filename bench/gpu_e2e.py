@@ -34,7 +34,7 @@ service of their own (so populate and populate-precompile both compile cold):
 Rounds: round 0 runs every selected scenario once, in ``--scenarios`` order (each after its
 prerequisite: ``local-warm``/``copied-warm`` after ``cold``, ``kcache-warm`` after ``populate``,
 ...); ``--repeats N`` adds N rounds of the repeated scenarios (``REPEATED``), round-robin
-(A B C A B C, not A A B B), a fresh node each time for the fresh-node scenarios. The summary
+and rotated (A B C, B C A, C A B: no scenario always last), a fresh node each time for the fresh-node scenarios. The summary
 gives per scenario the median (min-max, n) of all its runs, the ratios of medians issue 26 sets
 targets for (``RATIOS``), and its health: failed runs (exit != 0 or killed), Traceback lines and
 ``kcache:`` lines in the nodes' stderr, and for Dynamo's packages the runs that fetched one and
@@ -652,7 +652,11 @@ class WorkloadBench:
 
     def run_round(self, k: int) -> None:
         self.start()
-        for scenario in self.order if k == 0 else self.repeated:
+        # Round k >= 1 starts one scenario later than round k - 1 (A B C, B C A, C A B): a
+        # scenario always last in its round would always run beside the same neighbour (on a
+        # shared host, another workload's cold compile), which biased the medians of h3a.
+        repeated = self.repeated[(k - 1) % len(self.repeated):] + self.repeated[:(k - 1) % len(self.repeated)] if k and self.repeated else self.repeated
+        for scenario in self.order if k == 0 else repeated:
             self.run_one(scenario, k)
 
     def run_one(self, scenario: str, k: int, profile: bool = False) -> dict[str, Any] | None:
