@@ -128,17 +128,19 @@ def kcache_warnings(run: Run) -> list[str]:
 
 @pytest.fixture(scope="module")
 def baseline(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], tuple[object, float]]:
-    """What each job prints without kcache (no KCACHE_URL at all), and how long a warm run takes."""
+    """What each job prints without kcache (no KCACHE_URL at all), and how long a run of it took:
+    for ``compile`` a warm run (the degraded-service scenarios bound their warm restarts by it),
+    after a cold one that must print the same; the other jobs once (only their output is used)."""
     node = Node(tmp_path_factory.mktemp("baseline"))
     seen: dict[str, tuple[object, float]] = {}
 
     def get(job: str) -> tuple[object, float]:
         if job not in seen:
-            runs = [run_job(node, i, job, None) for i in range(2)]  # cold, then warm
+            runs = [run_job(node, i, job, None) for i in range(2 if job == "compile" else 1)]
             for run in runs:
                 assert run.rc == 0 and run.result is not None, run.describe()
-            assert runs[0].result == runs[1].result
-            seen[job] = (runs[1].result, runs[1].seconds)
+            assert runs[0].result == runs[-1].result
+            seen[job] = (runs[-1].result, runs[-1].seconds)
         return seen[job]
 
     return get
