@@ -63,7 +63,7 @@ OPT_IN = {L.BUNDLED_AUTOTUNE.value}
 # nothing); what a node reads from them is (kcache.runtime.get_entry): where nodes do ask
 # (coordinate descent, an FX-graph miss, a layer selection without FX graphs) the entries are
 # prefetched from the run after the first that asked, and served on demand until then.
-LISTED_WHEN_READ = {L.AUTOTUNE.value, L.BUNDLED_AUTOTUNE.value}
+LISTED_WHEN_READ = frozenset({L.AUTOTUNE.value, L.BUNDLED_AUTOTUNE.value})
 # layer -> (module, predicate, modules that import it by name): wrapped to say yes while kcache
 # serves the layer and the switch is unset
 PREDICATES = {
