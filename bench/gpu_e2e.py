@@ -168,6 +168,13 @@ def child(workload: str, device: str, out: Path, sizes: str = "") -> None:
                      # post-install findings: "unprofitable" is a Dynamo package that did not pay here
                      # (kcache.layers.dynamo.payoff), quarantined for the nodes after this one
                      "verification": rt.stats.document().verification}
+            try:  # kernels the prefetch wrote into Inductor's dir before the first call asked
+                from kcache.layers.inductor.kernel_preemit import PreEmit
+
+                pre = rt.layer_state(PreEmit)
+                stats["pre_emit"] = {"emitted": pre.emitted, "seconds": pre.seconds, "dir": str(pre.cache_dir)}
+            except ImportError:  # a kcache before the pre-emit
+                pass
     except ImportError:
         pass
     from torch._dynamo.utils import compilation_time_metrics
@@ -652,10 +659,12 @@ class WorkloadBench:
 
     def run_round(self, k: int) -> None:
         self.start()
-        # Round k >= 1 starts one scenario later than round k - 1 (A B C, B C A, C A B): a
+        # Round k starts k scenarios later than round 0's order of them (A B C, B C A, C A B): a
         # scenario always last in its round would always run beside the same neighbour (on a
-        # shared host, another workload's cold compile), which biased the medians of h3a.
-        repeated = self.repeated[(k - 1) % len(self.repeated):] + self.repeated[:(k - 1) % len(self.repeated)] if k and self.repeated else self.repeated
+        # shared host, another workload's cold compile), which biased the medians of h3a. (Round 1
+        # once repeated round 0's order, so kcache-warm ran last in two of three rounds: h4a.)
+        shift = k % len(self.repeated) if self.repeated else 0
+        repeated = self.repeated[shift:] + self.repeated[:shift]
         for scenario in self.order if k == 0 else repeated:
             self.run_one(scenario, k)
 
