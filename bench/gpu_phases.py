@@ -67,6 +67,8 @@ ROWS: tuple[tuple[str, int, Callable[[Run], float]], ...] = (
     ("static autotuner warm-up", 2, _phase("StaticAutotunerFuture.warm_precompile")),
     ("kcache: all layers' own seconds", 0, _kcache_layers),
     ("kcache: kernel emit", 0, lambda run: float((run.get("kcache") or {}).get("bundle_emit_s") or 0.0)),
+    ("kcache: kernels pre-emitted (background, count)", 0,
+     lambda run: float((((run.get("kcache") or {}).get("pre_emit") or {}).get("emitted")) or 0)),
     ("kcache: workload prefetch (background)", 0, lambda run: float(((run.get("kcache") or {}).get("prefetch") or {}).get("seconds") or 0.0)),
     ("start-up: import torch", 0, _startup("import_torch_s")),
     ("start-up: import Dynamo + Inductor (kcache activates)", 0, _startup("import_dynamo_inductor_s")),

@@ -38,6 +38,21 @@ def triton_cache_dir(device: int = 0) -> Path:
     return Path(home) / ".triton" / "cache"
 
 
+def inductor_triton_dir(device: int) -> Path | None:
+    """The dir Inductor's ``triton_cache_dir(device)`` will name, without calling it: its
+    ``cache_dir()`` exports ``TORCHINDUCTOR_CACHE_DIR`` as a side effect, which would pin the
+    dir before the job's own code ran. None while ``TRITON_CACHE_DIR`` is set (Triton's own dir
+    then, not Inductor's) or Inductor's runtime utilities have not finished importing."""
+    if os.environ.get("TRITON_CACHE_DIR") is not None:
+        return None
+    for name in _INDUCTOR_DIRS:
+        default_cache_dir = getattr(imported(name), "default_cache_dir", None)
+        if default_cache_dir is not None:
+            base = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+            return Path(os.path.abspath(base if base is not None else default_cache_dir())) / "triton" / str(device)
+    return None
+
+
 _target_lock = threading.Lock()
 _target: list[tuple[str, str] | None] = []  # filled once, from a fully imported torch
 

@@ -34,7 +34,9 @@ Kernels are *not* written into a Triton cache dir here: which dir is right (``TR
 Inductor's per-device ``<cache>/triton/<device>``, Triton's ``~/.triton/cache``) is known only to
 the code that asks for the kernel, and learning Inductor's from this thread would mean calling
 into torch while the main thread may still be importing it. The thread that asks (Triton's cache
-manager, on its local miss) emits the pack from the local tier into its own dir.
+manager, on its local miss) emits the pack from the local tier into its own dir; once Inductor
+is imported, :mod:`kcache.layers.inductor.kernel_preemit` writes the prefetched packs into the dir
+Inductor will most likely use, ahead of its first ask.
 """
 
 from __future__ import annotations
@@ -109,7 +111,7 @@ def _packs(client: KcacheClient, keys: list[str]) -> Iterator[tuple[str, bytes]]
                         continue
                     yield key, pack
     except RuntimeError:
-        if not sys.is_finalizing() and not _shutting_down():
+        if not sys.is_finalizing() and not shutting_down():
             raise
         return
     if retry:
@@ -233,12 +235,12 @@ def pull_workload(
     except RuntimeError:
         # The interpreter is shutting down (the job ended before the prefetch did): nothing
         # here is worth delaying its exit for, or telling it about.
-        if not sys.is_finalizing() and not _shutting_down():
+        if not sys.is_finalizing() and not shutting_down():
             raise
     return counts
 
 
-def _shutting_down() -> bool:
+def shutting_down() -> bool:
     """True once ``threading`` began the interpreter's shutdown (new executor work is refused)."""
     from concurrent.futures import thread
 
@@ -310,7 +312,7 @@ class Prefetcher:
                 finally:
                     claim.release()
         except Exception as exc:
-            if not (sys.is_finalizing() or _shutting_down()):
+            if not (sys.is_finalizing() or shutting_down()):
                 log.warning("kcache: workload prefetch failed: %s", exc)
         finally:
             self._asked_manifest()

@@ -30,6 +30,7 @@ from kcache.config import ClientConfig
 from kcache.current import get_runtime
 from kcache.host import patching
 from kcache.host.failopen import guard, warn_once
+from kcache.layers.inductor import kernel_preemit
 from kcache.runtime import Runtime
 from kcache.store.emitter import looks_emitted
 
@@ -153,24 +154,33 @@ def _emit_through_kcache(rt: Runtime, tb_module: Any, bundle: Any) -> tuple[Any,
     def emit(ka: Any) -> Exception | None:
         try:
             files = {a.filename: a.payload for a in ka.artifacts}
-            cache_dir = Path(tb_module.triton_cache_dir(ka.device))
-            if looks_emitted(cache_dir, ka.kernel_hash, files):  # a warm node: nothing to write
-                rt.note_kernel(ka.kernel_hash)
-                return None
-            rt.emit_local(cache_dir, manifest_for_files(ka.kernel_hash, files), files)
+            rt.emit_local(Path(tb_module.triton_cache_dir(ka.device)), manifest_for_files(ka.kernel_hash, files), files)
             return None
         except Exception as exc:
             return exc
 
+    def on_disk(ka: Any) -> bool:
+        """A warm node's dir (its own, copied, or pre-emitted from the prefetch): nothing to write."""
+        try:
+            found = looks_emitted(tb_module.triton_cache_dir(ka.device), ka.kernel_hash, {a.filename: a.payload for a in ka.artifacts})
+        except Exception:
+            return False
+        if found:
+            rt.note_kernel(ka.kernel_hash)
+        return found
+
+    # Checked first, on this thread: a few stat calls per kernel, cheaper than starting threads.
+    missing = [ka for ka in kernels if not on_disk(ka)]
     # A max-autotune graph carries ~135 kernel dirs (every benchmarked candidate): written one
     # by one they took 0.4 s of an H100 warm start. The work is mostly mkdir/write/rename
     # system calls, which release the GIL, so a few threads overlap them.
-    threads = min(_EMIT_THREADS, os.cpu_count() or 1, len(kernels))
+    threads = min(_EMIT_THREADS, os.cpu_count() or 1, len(missing))
     if threads > 1:
         with ThreadPoolExecutor(threads, thread_name_prefix="kcache-emit") as pool:
-            errors = list(pool.map(emit, kernels))
+            written = dict(zip(map(id, missing), pool.map(emit, missing), strict=True))
     else:
-        errors = [emit(ka) for ka in kernels]
+        written = {id(ka): emit(ka) for ka in missing}
+    errors = [written.get(id(ka)) for ka in kernels]
     for ka, error in zip(kernels, errors, strict=True):
         if error is None:
             counters["inductor"]["triton_bundler_read_and_emit_kernel"] += len(ka.artifacts)
@@ -197,7 +207,9 @@ def selected(config: ClientConfig) -> bool:
 
 
 def install_layer(config: ClientConfig, hooked: ModuleType | None = None) -> None:
-    install_bundler_hooks()
+    if install_bundler_hooks() and (rt := get_runtime()) is not None:
+        with guard("could not start pre-emitting prefetched kernels"):
+            kernel_preemit.start(rt)
 
 
 def uninstall() -> None:
