@@ -122,7 +122,8 @@ def _run(rt: Runtime, state: PreEmit) -> None:
         t0 = time.perf_counter()
 
         def emit(key: str) -> bool:
-            if state.stop.is_set() or (KERNEL_LAYER, key) in rt.quarantined:
+            # At exit Python joins this pool's workers before kcache's close runs: skip what is left.
+            if state.stop.is_set() or shutting_down() or (KERNEL_LAYER, key) in rt.quarantined:
                 return False
             pack = rt.local.get(KERNEL_LAYER, key)
             if pack is None:
