@@ -33,6 +33,12 @@ JOB = Path(__file__).with_name("preemit_job.py")
 WORKLOAD = "pre-emit"
 
 
+def _consume(node: Node, url: str, **env: str) -> dict[str, Any]:
+    """A consumer node, read-only: what it compiles stays out of the workload, so each test sees
+    the producer's three kernels whatever ran before it."""
+    return _job(node, JOB_ROLE="consume", KCACHE_URL=url, KCACHE_WORKLOAD=WORKLOAD, KCACHE_MODE="read-only", **env)
+
+
 def _job(node: Node, **env: str) -> dict[str, Any]:
     proc = subprocess.run([sys.executable, str(JOB)], env=with_testkit(node.env(KCACHE_GPU_ARCH="90", **env)),
                           capture_output=True, text=True, timeout=HANG_S)
@@ -65,7 +71,7 @@ def _whole(cache_dir: Path, key: str, producer_dir: Path) -> bool:
 def test_a_fresh_node_finds_its_kernels_in_inductors_dir_before_the_first_compile(fleet: tuple[str, Path, list[str]], tmp_path: Path) -> None:
     url, producer_dir, keys = fleet
     node = Node(tmp_path / "fresh")
-    got = _job(node, JOB_ROLE="consume", KCACHE_URL=url, KCACHE_WORKLOAD=WORKLOAD, LOCAL_RANK="1")
+    got = _consume(node, url, LOCAL_RANK="1")
     expected = node.root / "tmp" / f"torchinductor_{getpass.getuser()}" / "triton" / "1"  # torchrun's rank 1
     assert got["started"] and got["pre_emitted"] == 3 and got["dir"] == str(expected), got
     assert all(_whole(expected, key, producer_dir) for key in keys)
@@ -77,8 +83,19 @@ def test_a_job_that_chooses_its_inductor_dir_after_import_gets_them_there(fleet:
     url, producer_dir, keys = fleet
     node = Node(tmp_path / "chooser")
     chosen = tmp_path / "my-inductor-cache"
-    got = _job(node, JOB_ROLE="consume", KCACHE_URL=url, KCACHE_WORKLOAD=WORKLOAD, SET_INDUCTOR_DIR=str(chosen))
+    got = _consume(node, url, SET_INDUCTOR_DIR=str(chosen))
     assert got["pre_emitted"] == 3 and got["dir"] == str(chosen / "triton" / "0"), got
     assert all(_whole(chosen / "triton" / "0", key, producer_dir) for key in keys)
     assert got["inductor_dir_before_first_call"] == str(chosen)
     assert not (node.root / "tmp" / f"torchinductor_{getpass.getuser()}" / "triton").exists()
+
+
+def test_nothing_is_written_ahead_where_entries_are_signed(fleet: tuple[str, Path, list[str]], tmp_path: Path) -> None:
+    """The bundle hook takes a dir it finds whole by its files' sizes; a kernel pack is unsigned,
+    so with signing configured a pre-emitted dir would stand in for a signed FX entry's kernels."""
+    url, _producer_dir, _keys = fleet
+    node = Node(tmp_path / "signed")
+    got = _consume(node, url, KCACHE_SIGNING_KEY="fleet-secret")
+    assert not got["started"] and got["pre_emitted"] == 0, got
+    assert not (node.root / "tmp" / f"torchinductor_{getpass.getuser()}" / "triton").exists()
+    assert got["out"] == [3.0, 3.0, 3.0]

@@ -14,7 +14,9 @@ were compiled for, which arrives with the graph: kcache takes ``LOCAL_RANK`` (to
 convention, rank r on ``cuda:r``), else 0. A wrong guess costs only the writes: the hook then
 emits into the right dir as before. Only where ``TRITON_CACHE_DIR`` is unset (the user's default
 environment): set, it is Triton's own dir too, where kcache's cache manager serves (and counts)
-each kernel Triton asks for.
+each kernel Triton asks for. Not with entry signing configured: the hook takes a whole dir it
+finds by its files' sizes, and a kernel pack is not signed, so a pre-emitted dir would stand in
+for the kernels of a signed FX-graph entry.
 
 **Never ahead of the job.** The target check (a kernel for another GPU is never written) asks
 torch for the GPU, which initializes CUDA; this thread never does that first: it waits until
@@ -69,7 +71,7 @@ def device_guess() -> int | None:
 
 def start(rt: Runtime) -> None:
     """Start this runtime's pre-emit once, where it can help: a workload is being prefetched."""
-    if rt.prefetcher is None or os.environ.get("TRITON_CACHE_DIR") is not None:
+    if rt.prefetcher is None or rt.signing is not None or os.environ.get("TRITON_CACHE_DIR") is not None:
         return
     state = rt.layer_state(PreEmit)
     if state.thread is not None:
