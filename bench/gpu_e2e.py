@@ -175,13 +175,6 @@ def child(workload: str, device: str, out: Path, sizes: str = "") -> None:
                 stats["pre_emit"] = {"emitted": pre.emitted, "seconds": pre.seconds, "dir": str(pre.cache_dir)}
             except ImportError:  # a kcache before the pre-emit
                 pass
-            try:  # Triton's key, hashed on a kcache thread before the first compile asked
-                from kcache.layers.triton.key_warmup import KeyWarmup
-
-                warm = rt.layer_state(KeyWarmup)
-                stats["triton_key"] = {"outcome": warm.outcome, "seconds": warm.seconds}
-            except ImportError:  # a kcache before the warm-up
-                pass
     except ImportError:
         pass
     from torch._dynamo.utils import compilation_time_metrics

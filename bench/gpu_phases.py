@@ -69,8 +69,6 @@ ROWS: tuple[tuple[str, int, Callable[[Run], float]], ...] = (
     ("kcache: kernel emit", 0, lambda run: float((run.get("kcache") or {}).get("bundle_emit_s") or 0.0)),
     ("kcache: kernels pre-emitted (background, count)", 0,
      lambda run: float((((run.get("kcache") or {}).get("pre_emit") or {}).get("emitted")) or 0)),
-    ("kcache: Triton's key hashed ahead (background)", 0,
-     lambda run: float((((run.get("kcache") or {}).get("triton_key") or {}).get("seconds")) or 0.0)),
     ("kcache: workload prefetch (background)", 0, lambda run: float(((run.get("kcache") or {}).get("prefetch") or {}).get("seconds") or 0.0)),
     ("start-up: import torch", 0, _startup("import_torch_s")),
     ("start-up: import Dynamo + Inductor (kcache activates)", 0, _startup("import_dynamo_inductor_s")),

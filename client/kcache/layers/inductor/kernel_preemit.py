@@ -38,9 +38,8 @@ from kcache_schemas import PackError, wire
 
 from kcache.config import gpu_arch_override
 from kcache.exceptions import InvalidPack
-from kcache.host.after_import import KCACHE_THREAD_PREFIX
+from kcache.host.after_import import KCACHE_THREAD_PREFIX, imported
 from kcache.host.failopen import guard
-from kcache.host.job_cuda import POLL_S, wait_for_job_cuda
 from kcache.runtime import Runtime
 from kcache.store.emitter import EmitOutcome, emit_pack
 from kcache.store.kernel_dirs import inductor_triton_dir
@@ -49,6 +48,8 @@ from kcache.transport.workload import shutting_down
 KERNEL_LAYER = wire.CacheLayer.KERNEL.value
 # Writes are mostly mkdir/write/rename system calls, which release the GIL (as the hook's emit).
 _THREADS = 8
+# How often the thread looks again whether the job initialized CUDA.
+_CUDA_POLL_S = 0.05
 
 
 @dataclass
@@ -88,6 +89,21 @@ def _finish(state: PreEmit, timeout_s: float) -> None:
         state.thread.join(timeout_s)
 
 
+def _cuda_ready(stop: threading.Event, wait_s: float) -> bool:
+    """Whether the GPU can be asked about without initializing CUDA: the job did it already."""
+    if gpu_arch_override():
+        return True
+    deadline = time.monotonic() + wait_s
+    while not stop.is_set():
+        cuda = getattr(imported("torch"), "cuda", None)
+        if cuda is not None and cuda.is_initialized():
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        stop.wait(_CUDA_POLL_S)
+    return False
+
+
 def _run(rt: Runtime, state: PreEmit) -> None:
     with guard("could not pre-emit prefetched kernels; Inductor's bundles emit them as before"):
         prefetcher = rt.prefetcher
@@ -95,11 +111,11 @@ def _run(rt: Runtime, state: PreEmit) -> None:
         if prefetcher is None or device is None:
             return
         deadline = time.monotonic() + rt.config.prefetch_wait_s
-        while not prefetcher.done.wait(POLL_S):  # an exit meanwhile stops the wait
+        while not prefetcher.done.wait(_CUDA_POLL_S):  # an exit meanwhile stops the wait
             if state.stop.is_set() or time.monotonic() >= deadline:
                 return
         view = prefetcher.view
-        if view is None or not view.kernels or not (gpu_arch_override() or wait_for_job_cuda(state.stop, rt.config.prefetch_wait_s)):
+        if view is None or not view.kernels or not _cuda_ready(state.stop, rt.config.prefetch_wait_s):
             return
         cache_dir = inductor_triton_dir(device)
         if cache_dir is None:

@@ -31,7 +31,6 @@ from kcache.current import get_runtime
 from kcache.host import patching
 from kcache.host.failopen import guard, warn_once
 from kcache.layers.inductor import kernel_preemit
-from kcache.layers.triton import key_warmup
 from kcache.runtime import Runtime
 from kcache.store.emitter import looks_emitted
 
@@ -211,8 +210,6 @@ def install_layer(config: ClientConfig, hooked: ModuleType | None = None) -> Non
     if install_bundler_hooks() and (rt := get_runtime()) is not None:
         with guard("could not start pre-emitting prefetched kernels"):
             kernel_preemit.start(rt)
-        with guard("could not start hashing Triton's key ahead"):
-            key_warmup.start(rt)
 
 
 def uninstall() -> None:
