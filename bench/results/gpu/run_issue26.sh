@@ -101,11 +101,19 @@ python3 bench/gpu_e2e.py --out "$OUT" --tag "_$tag" --merge "$work"/g*/gpu_e2e_"
     echo "== Traceback contexts (first 5 files)"
     (cd "$work" && find . -name stderr.txt -print0 | xargs -0 -r grep -l Traceback | head -5 | while read -r f; do
         echo "--- $f"; grep -A30 Traceback "$f" | head -60; done)
+    echo "== quarantined kernel dirs, the dir that replaced each and the producer's (populate) dir of that key"
+    (cd "$work" && find . -type d -name 'quarantine.*' 2>/dev/null | sort | head -4 | while read -r q; do
+        key=$(basename "$q" | cut -d. -f2) node=${q%%/tmp/*}
+        for d in "$q" "$(dirname "$q")/$key" "$(dirname "$node")/node-populate/tmp/torchinductor_root/triton/0/$key"; do
+            echo "--- $d"; ls -l "$d" 2>&1 | head -20
+            mkdir -p "quarantine-debug/$d" && cp "$d"/*.json "quarantine-debug/$d/" 2>/dev/null
+        done
+    done)
     echo "== what the nodes wrote under their HOME and TMPDIR"
     du -sh "$work"/g*/*/node-*/home/.[a-z]* "$work"/g*/*/node-*/tmp/* 2>/dev/null | head -80
 } >"$OUT/stderr_$tag.log" 2>&1
 (cd "$work" && find . \( -name stderr.txt -o -name stdout.txt -o -name 'service-*.log' -o -path './g*/profiles/*' \
-    -o -path './g*/gpu_e2e_*' \) -print0 | tar czf "$OUT/nodes_$tag.tgz" --null -T -)
+    -o -path './g*/gpu_e2e_*' -o -path './quarantine-debug/*' \) -print0 | tar czf "$OUT/nodes_$tag.tgz" --null -T -)
 ts "packed: $(ls "$OUT" | tr '\n' ' ')" | tee -a "$log"
 # Last in the output (a command's output tail is what comes back first): the last results, the table.
 grep -E '^(\[g[0-9]+\] )?[0-9]{2}:[0-9]{2}:[0-9]{2} .*(: first call|FAILED|skipped \(|interrupted|bench processes done)' "$log" | tail -n 25 | cut -c1-220
