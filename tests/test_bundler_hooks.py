@@ -298,3 +298,50 @@ def test_a_job_that_exits_right_after_collect_still_uploads(ending: str, live_se
     keys = json.loads(out.stdout.split("KEYS ", 1)[1])
     assert len(keys) == 3
     assert _kernels_in(live_service.url, "default", keys) == sorted(keys)
+
+
+def test_a_pre_emitted_build_of_a_kernel_stays_when_the_bundle_carries_another_build(real_kernel_dirs, monkeypatch, tmp_path: Path, caplog) -> None:
+    """H200s (h5a/h5c): every kcache node of a max-autotune graph quarantined two template kernels
+    ("incomplete or corrupt") that the pre-emit had written whole from the workload's packs: the
+    FX entry's bundle carried another build of the same keys (compiled once in an autotune
+    benchmark process, once for the graph) whose ``.ptx`` differed in a debug path."""
+    import logging
+    import os
+
+    from kcache_schemas import wire
+    from kcache_schemas.pack import build_pack, manifest_for_files
+    from torch._inductor.triton_bundler import TritonKernelArtifact, TritonKernelArtifacts
+
+    from kcache.store.emitter import EmitOutcome, emit_pack
+
+    bundle, _meta = _collect(real_kernel_dirs, monkeypatch)
+    node = tmp_path / "node-triton"
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(node))
+    monkeypatch.setenv("KCACHE_LOCAL_DIR", str(tmp_path / "kcache-local"))
+    assert kcache.install(url="http://127.0.0.1:9")
+    try:
+        rt = get_runtime()
+        assert rt is not None
+        for d in real_kernel_dirs:  # what the prefetch holds and the pre-emit writes ahead
+            files = read_kernel_dir(d)
+            pack = build_pack(manifest_for_files(d.name, files), files)
+            rt.local.put(wire.CacheLayer.KERNEL.value, d.name, pack)
+            assert emit_pack(node, pack, expected_key=d.name, check_target=False) is EmitOutcome.EMITTED
+        before = {d.name: os.stat(node / d.name).st_ino for d in real_kernel_dirs}
+        kernels = list(bundle.kernel_artifacts)
+        other = kernels[1]
+        rebuilt = [TritonKernelArtifact(a.filename, a.payload + b"//" if a.filename.endswith(".ptx") else a.payload)
+                   for a in other.artifacts]
+        assert any(a.filename.endswith(".ptx") for a in rebuilt)
+        kernels[1] = TritonKernelArtifacts(other.kernel_hash, other.device, rebuilt)
+        with caplog.at_level(logging.WARNING, logger="kcache"), inductor_config.patch(bundle_triton_into_fx_graph_cache=True):
+            meta = TritonBundler.read_and_emit(_with_kernels(bundle, kernels))
+        assert rt.used_kernels >= {d.name for d in real_kernel_dirs}  # found on disk, each one
+    finally:
+        kcache.uninstall()
+    assert meta is not None and len(meta.cached_kernel_names) == len(real_kernel_dirs)
+    assert {d.name: os.stat(node / d.name).st_ino for d in real_kernel_dirs} == before  # every dir kept
+    assert not [p for p in node.iterdir() if p.name.startswith("quarantine.")]
+    assert "quarantined" not in caplog.text
+    for d in real_kernel_dirs:
+        assert read_kernel_dir(node / d.name) == read_kernel_dir(d)

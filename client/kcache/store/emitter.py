@@ -110,6 +110,19 @@ def looks_emitted(cache_dir: str | os.PathLike[str], key: str, files: Mapping[st
         return False
 
 
+def whole_by_pack(cache_dir: str | os.PathLike[str], key: str, pack: bytes) -> bool:
+    """The kernel dir is whole by this pack's manifest (the pack verified first): that build of
+    the kernel is on disk. Checked only where a dir of the key exists (the pack is read whole)."""
+    kernel_dir = Path(cache_dir) / normalize_kernel_key(key)
+    if not kernel_dir.is_dir():
+        return False
+    try:
+        manifest, _files = read_pack(pack)
+    except PackError:
+        return False
+    return manifest.key == normalize_kernel_key(key) and is_complete(kernel_dir, manifest)
+
+
 def _is_empty(path: Path) -> bool:
     try:
         return not any(os.scandir(path))

@@ -23,7 +23,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from kcache_schemas import wire
+from kcache_schemas import normalize_kernel_key, wire
 from kcache_schemas.pack import manifest_for_files
 
 from kcache.config import ClientConfig
@@ -32,7 +32,7 @@ from kcache.host import patching
 from kcache.host.failopen import guard, warn_once
 from kcache.layers.inductor import kernel_preemit
 from kcache.runtime import Runtime
-from kcache.store.emitter import looks_emitted
+from kcache.store.emitter import looks_emitted, whole_by_pack
 
 PATCHES = "bundler"
 _WRAPPED = ("begin_compile", "put", "put_winner", "collect", "read_and_emit")
@@ -139,6 +139,21 @@ def _upload_collected(rt: Runtime, bundle: Any, started: float | None) -> None:
         rt.upload_kernel(ka.kernel_hash, files, share)
 
 
+def _whole_by_held_pack(rt: Runtime, cache_dir: str, key: str) -> bool:
+    """The dir holds the build of this kernel that kcache's pack for the key holds (the pre-emit
+    wrote it from the prefetch), whole. A bundle may carry another build of the same key whose IR
+    text differs: a max-autotune graph's template kernels are compiled once in an autotune
+    benchmark process and once for the graph, and their ``.ptx`` differ in a debug path (two
+    bytes on H200s, every kcache node of mlp-autotune). Triton loads either; replacing a whole
+    dir would cost a write and a "quarantined corrupt kernel dir" warning. Not with signing
+    configured: a kernel pack is unsigned, the bundle came with a signed FX entry."""
+    if rt.signing is not None:
+        return False
+    held = os.path.isdir(os.path.join(cache_dir, normalize_kernel_key(key)))  # else no read of the tier
+    pack = rt.local.get(wire.CacheLayer.KERNEL.value, key) if held else None
+    return pack is not None and whole_by_pack(cache_dir, key, pack)
+
+
 def _emit_through_kcache(rt: Runtime, tb_module: Any, bundle: Any) -> tuple[Any, list[str]]:
     """Emit a bundle's kernel dirs with kcache's verified emitter; returns what is left for
     Inductor's own ``read_and_emit`` (kernels we could not emit) and the names we emitted."""
@@ -162,7 +177,9 @@ def _emit_through_kcache(rt: Runtime, tb_module: Any, bundle: Any) -> tuple[Any,
     def on_disk(ka: Any) -> bool:
         """A warm node's dir (its own, copied, or pre-emitted from the prefetch): nothing to write."""
         try:
-            found = looks_emitted(tb_module.triton_cache_dir(ka.device), ka.kernel_hash, {a.filename: a.payload for a in ka.artifacts})
+            cache_dir = tb_module.triton_cache_dir(ka.device)
+            found = looks_emitted(cache_dir, ka.kernel_hash, {a.filename: a.payload for a in ka.artifacts}) or (
+                _whole_by_held_pack(rt, cache_dir, ka.kernel_hash))
         except Exception:
             return False
         if found:
