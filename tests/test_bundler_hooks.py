@@ -300,24 +300,29 @@ def test_a_job_that_exits_right_after_collect_still_uploads(ending: str, live_se
     assert _kernels_in(live_service.url, "default", keys) == sorted(keys)
 
 
-def test_a_pre_emitted_build_of_a_kernel_stays_when_the_bundle_carries_another_build(real_kernel_dirs, monkeypatch, tmp_path: Path, caplog) -> None:
+@pytest.mark.parametrize("signing", [False, True], ids=["unsigned", "signing-configured"])
+def test_a_pre_emitted_build_of_a_kernel_stays_when_the_bundle_carries_another_build(
+    signing: bool, real_kernel_dirs, monkeypatch, tmp_path: Path, caplog,
+) -> None:
     """H200s (h5a/h5c): every kcache node of a max-autotune graph quarantined two template kernels
     ("incomplete or corrupt") that the pre-emit had written whole from the workload's packs: the
     FX entry's bundle carried another build of the same keys (compiled once in an autotune
-    benchmark process, once for the graph) whose ``.ptx`` differed in a debug path."""
+    benchmark process, once for the graph) whose ``.ptx`` differed in a debug path. With signing
+    configured the bundle (from a signed FX entry) wins over an unsigned pack's dir, as before."""
     import logging
     import os
 
+    from kcache.store.emitter import EmitOutcome, emit_pack
     from kcache_schemas import wire
     from kcache_schemas.pack import build_pack, manifest_for_files
     from torch._inductor.triton_bundler import TritonKernelArtifact, TritonKernelArtifacts
-
-    from kcache.store.emitter import EmitOutcome, emit_pack
 
     bundle, _meta = _collect(real_kernel_dirs, monkeypatch)
     node = tmp_path / "node-triton"
     monkeypatch.setenv("TRITON_CACHE_DIR", str(node))
     monkeypatch.setenv("KCACHE_LOCAL_DIR", str(tmp_path / "kcache-local"))
+    if signing:
+        monkeypatch.setenv("KCACHE_SIGNING_KEY", "fleet-secret")
     assert kcache.install(url="http://127.0.0.1:9")
     try:
         rt = get_runtime()
@@ -340,8 +345,13 @@ def test_a_pre_emitted_build_of_a_kernel_stays_when_the_bundle_carries_another_b
     finally:
         kcache.uninstall()
     assert meta is not None and len(meta.cached_kernel_names) == len(real_kernel_dirs)
-    assert {d.name: os.stat(node / d.name).st_ino for d in real_kernel_dirs} == before  # every dir kept
-    assert not [p for p in node.iterdir() if p.name.startswith("quarantine.")]
-    assert "quarantined" not in caplog.text
+    after = {d.name: os.stat(node / d.name).st_ino for d in real_kernel_dirs}
+    quarantined = [p for p in node.iterdir() if p.name.startswith("quarantine.")]
+    if signing:  # the signed entry's build replaced the pack's
+        assert after == {**before, other.kernel_hash: after[other.kernel_hash]} != before
+        assert len(quarantined) == 1 and "quarantined" in caplog.text
+        return
+    assert after == before  # every dir kept
+    assert not quarantined and "quarantined" not in caplog.text
     for d in real_kernel_dirs:
         assert read_kernel_dir(node / d.name) == read_kernel_dir(d)
