@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import tarfile
 from pathlib import Path
 
@@ -186,6 +187,26 @@ def test_batch_get(client: httpx.Client, ns: str, kernels: list[Kernel]) -> None
 
     bad = client.post(f"/v1/{ns}/kernels:batch-get", json={"keys": []})
     assert_error(bad, 422, "invalid_request", "keys")
+
+
+def test_a_batch_get_stream_stopped_before_its_end_is_logged(caplog: pytest.LogCaptureFixture) -> None:
+    """A node saw a batch-get's tar end inside a pack while the service logged nothing (issue
+    #26, H200): a stream the service stops making (the client went away, a read failed) now
+    says where it stopped; a whole one says nothing."""
+    from kcache_server.responses import tar_stream
+    from kcache_server.storage import BlobStream
+
+    packs = [(f"{i}.kpack", bytes([i]) * (300 << 10)) for i in range(3)]  # each past a batch chunk
+    with caplog.at_level(logging.WARNING, logger="kcache_server.responses"):
+        whole = b"".join(tar_stream(("index.json", b"{}"), ((n, BlobStream.of(d)) for n, d in packs)))
+        assert not caplog.records
+        with tarfile.open(fileobj=io.BytesIO(whole), mode="r|") as tf:
+            assert [m.name for m in tf] == ["index.json"] + [n for n, _ in packs]
+
+        stream = tar_stream(("index.json", b"{}"), ((n, BlobStream.of(d)) for n, d in packs))
+        next(stream), next(stream)  # the client reads a little, then leaves
+        stream.close()
+    assert [r.getMessage().split(" (")[0] for r in caplog.records] == ["a streamed tar stopped after 1 members"]
 
 
 def test_listing_pagination(client: httpx.Client, ns: str, kernels: list[Kernel]) -> None:

@@ -14,6 +14,7 @@ N chunks, not N copies of the pack (issue #31: 16 such readers took a worker fro
 
 from __future__ import annotations
 
+import logging
 import tarfile
 from collections.abc import AsyncIterator, Iterator
 
@@ -27,6 +28,8 @@ _CHUNK = 1 << 20
 # Starlette runs each step of a sync iterator in the threadpool; one hop per tar member was most
 # of the time of a bulk pull of small packs. A batch hands over about this much at a time.
 _BATCH_CHUNK = 256 << 10
+
+log = logging.getLogger("kcache_server.responses")
 
 
 def bytes_response(data: bytes, media_type: str, headers: dict[str, str]) -> Response:
@@ -86,20 +89,29 @@ def tar_stream(first: tuple[str, bytes], members: Iterator[tuple[str, BlobStream
 
     name, data = first
     add(header(name, len(data)) + data + _padding(len(data)))
-    for name, blob in members:
-        with blob:
-            if (out := add(header(name, blob.size))) is not None:
-                yield out
-            for chunk in blob:
-                if (out := add(chunk)) is not None:
+    streamed = 0  # members whose last byte went out
+    finished = False
+    try:
+        for name, blob in members:
+            with blob:
+                if (out := add(header(name, blob.size))) is not None:
                     yield out
-            if (out := add(_padding(blob.size))) is not None:
-                yield out
-    # The end: two zero blocks, then zeros up to a whole record, as tarfile closes an archive.
-    end = 2 * tarfile.BLOCKSIZE
-    end += -(written + end) % tarfile.RECORDSIZE
-    add(bytes(end))
-    yield b"".join(pending)
+                for chunk in blob:
+                    if (out := add(chunk)) is not None:
+                        yield out
+                if (out := add(_padding(blob.size))) is not None:
+                    yield out
+            streamed += 1
+        # The end: two zero blocks, then zeros up to a whole record, as tarfile closes an archive.
+        end = 2 * tarfile.BLOCKSIZE
+        end += -(written + end) % tarfile.RECORDSIZE
+        add(bytes(end))
+        yield b"".join(pending)
+        finished = True
+    finally:
+        if not finished:  # the client left, or a read failed (logged apart): which, and where, is the clue
+            log.warning("a streamed tar stopped after %d members (%d bytes made): the client went away or a blob read failed",
+                        streamed, written)
 
 
 def _padding(size: int) -> bytes:

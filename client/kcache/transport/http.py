@@ -75,7 +75,7 @@ class _ByteStream(io.RawIOBase):
 
 
 class _Retryable(Exception):
-    """A failed attempt worth one more (a dropped connection, a 5xx): carries the error to
+    """A failed attempt worth one more (a dropped connection, a stream cut short, a 5xx): carries the error to
     raise if none is left."""
 
     def __init__(self, error: ServiceUnavailable) -> None:
@@ -260,8 +260,9 @@ class KcacheClient:
 
         A connection that drops before the answer or halfway through it (a replica restarting,
         a keep-alive connection the service closed as it was reused, an object-store read that
-        failed mid-stream), or a 5xx, is retried as :meth:`_request` retries: once, for the
-        packs that did not arrive; a timeout is not."""
+        failed mid-stream), a stream that ends inside a pack or is garbled on the way (seen on
+        H200 nodes: a tar stream ended inside a pack, after 77 of them), or a 5xx, is retried
+        as :meth:`_request` retries: once, for the packs that did not arrive; a timeout is not."""
         keys = list(dict.fromkeys(keys))
         attempts = 1 + max(0, self.config.retries)
         for i in range(0, len(keys), _BATCH_GET):
@@ -286,6 +287,7 @@ class KcacheClient:
         # The service answers canonical keys; a name we did not ask for (another kernel,
         # "../x") is a broken or hostile server, and its key must never reach a path.
         wanted = {k for k in map(_canonical, keys) if k}
+        arrived = 0
         try:
             with self._http.stream("POST", wire.path(wire.KERNELS_BATCH_GET, namespace=self._ns), json={"keys": keys}) as r:
                 if r.status_code >= 500 and r.status_code not in _ANSWERS:
@@ -302,7 +304,9 @@ class KcacheClient:
                             continue
                         if key not in wanted:
                             raise InvalidPack(f"batch-get answered {member.name[:80]!r}, which was not asked for")
-                        yield key, fh.read()
+                        pack = fh.read()
+                        arrived += 1
+                        yield key, pack
             self._last_refused = False
             self.breaker.success()
         except httpx.TransportError as exc:
@@ -313,8 +317,9 @@ class KcacheClient:
                 raise error from exc  # a service that let a whole deadline pass won't answer a retry sooner
             raise _Retryable(error) from exc
         except tarfile.TarError as exc:
-            self.breaker.failure()
-            raise ServiceUnavailable(f"batch-get: malformed stream: {exc}") from exc
+            # Cut short with a clean end (the packs read so far are whole: a pack is handed on
+            # only once all its bytes arrived) or garbled: worth the retry a dropped connection gets.
+            raise _Retryable(ServiceUnavailable(f"batch-get: malformed stream after {arrived} of {len(wanted)} packs asked for: {exc}")) from exc
 
     def batch_urls(self, keys: Iterable[str]) -> BatchUrls:
         """Presigned object-store URLs of the stored packs among ``keys`` (``inline``: found
