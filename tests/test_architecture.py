@@ -282,6 +282,7 @@ LAYER_SUPPORT = {
     "kcache.layers.key_context", "kcache.layers.key_canary", "kcache.layers.require_hit",
     "kcache.layers.inductor.fx_graph_reads",  # installed by remote_caches
     "kcache.layers.inductor.kernel_preemit",  # started by triton_bundler
+    "kcache.layers.inductor.compile_sidecar",  # the .pth hands it the activation in the compile sidecar
     "kcache.layers.triton.cache_manager",  # Triton imports it; manager_switch switches it on
     "kcache.layers.dynamo.package_envelope", "kcache.layers.dynamo.payoff",
     "kcache.layers.jit.layer", "kcache.layers.jit.content_keys", "kcache.layers.jit.headers", "kcache.layers.jit.ninja_builds",

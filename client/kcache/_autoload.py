@@ -77,7 +77,18 @@ class _RunAfter:  # a loader: runs the real one, then kcache's step; a failing s
 
 
 def _activate(_bundler: ModuleType) -> None:
-    from kcache.activation import autoactivate
+    from kcache.host.process_roles import in_inductor_compile_sidecar
+
+    if in_inductor_compile_sidecar():  # it never compiles: its pool workers activate, at their first job
+        from kcache.layers.inductor.compile_sidecar import activate_at_first_job
+
+        activate_at_first_job(_autoactivate)
+        return
+    _autoactivate()
+
+
+def _autoactivate() -> None:
+    from kcache.activation import autoactivate  # the client and its layers: ~0.4 s of imports
 
     autoactivate()
 

@@ -8,6 +8,8 @@
   kept to one download by the local tier's claim instead (:mod:`kcache.transport.workload`).
 * Whether this is one of Inductor's compile workers, which Inductor terminates without running
   exit handlers: there, uploads must not wait in a background queue.
+* Whether this is Inductor's compile sidecar itself, which never compiles: kcache activates in
+  its pool workers instead (:mod:`kcache.layers.inductor.compile_sidecar`).
 """
 
 from __future__ import annotations
@@ -31,3 +33,13 @@ def in_inductor_compile_worker() -> bool:
     workers inherit that argv (multiprocessing hands the parent's argv to spawned children)."""
     argv0 = sys.argv[0] if getattr(sys, "argv", None) else ""
     return "compile_worker" in argv0.replace("\\", "/").split("/")
+
+
+def in_inductor_compile_sidecar() -> bool:
+    """The sidecar is started by ``subprocess`` (no multiprocessing parent); its pool workers,
+    forked or spawned by multiprocessing, have one."""
+    if not in_inductor_compile_worker():
+        return False
+    import multiprocessing
+
+    return multiprocessing.parent_process() is None
