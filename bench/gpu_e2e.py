@@ -142,11 +142,16 @@ def child(workload: str, device: str, out: Path, sizes: str = "") -> None:
     t_built = time.perf_counter()
     if profiler is not None:
         profiler.enable()
+    from bench.first_call_probe import FirstCallProbe
+
+    probe = FirstCallProbe()  # the call only (not the wrapping): where its main thread's time went
+    probe.start()
     t0_wall = time.time()
     t0 = time.perf_counter()
     result = step(inputs)
     sync()
     call_s = time.perf_counter() - t0
+    call_cpu = probe.stop()
     first_call_s = wrap_s[0] + call_s
     first_result_at = time.time()  # wall clock: the orchestrator knows when it started the process
     if profiler is not None:
@@ -192,6 +197,7 @@ def child(workload: str, device: str, out: Path, sizes: str = "") -> None:
         "first_call_s": first_call_s,  # torch.compile's wrapping + the first call
         "compile_wrap_s": wrap_s[0],
         "call_only_s": call_s,
+        "call_cpu": call_cpu,  # bench/first_call_probe.py
         "first_call_started": t0_wall,  # wall clock, to line up with the compile trace
         "first_result_at": first_result_at,
         "pid": os.getpid(),

@@ -45,6 +45,19 @@ def _kcache_layers(run: Run) -> float:
     return sum(float(v.get("seconds", 0.0)) for v in layers.values())
 
 
+def _call_cpu(name: str, index: int | None = None) -> Callable[[Run], float]:
+    def read(run: Run) -> float:
+        value = (run.get("call_cpu") or {}).get(name, 0.0)  # bench/first_call_probe.py
+        return float((value[index] if index is not None else value) or 0.0)  # None: no pool yet
+
+    return read
+
+
+def _call_waiting(run: Run) -> float:
+    cpu = run.get("call_cpu") or {}
+    return float(cpu.get("wall_s", 0.0)) - float(cpu.get("main_thread_cpu_s", 0.0))
+
+
 def _running(run: Run) -> float:
     return float(run["first_call_s"]) - float(run.get("compile_wrap_s", 0.0)) - _phase("_compile.compile_inner")(run)
 
@@ -65,6 +78,17 @@ ROWS: tuple[tuple[str, int, Callable[[Run], float]], ...] = (
     ("running the step (no timer)", 1, _running),
     ("coordinate-descent tuning", 2, _phases_containing("coordinate_descent")),
     ("static autotuner warm-up", 2, _phase("StaticAutotunerFuture.warm_precompile")),
+    ("the call's main thread: CPU", 1, _call_cpu("main_thread_cpu_s")),
+    ("garbage collector", 2, _call_cpu("gc_s")),
+    ("full collections (count)", 3, _call_cpu("gc_collections", 2)),
+    ("the call's main thread: not on a CPU (waiting)", 1, _call_waiting),
+    ("involuntary context switches (count)", 2, _call_cpu("main_thread_involuntary_switches")),
+    ("voluntary context switches (count)", 2, _call_cpu("main_thread_voluntary_switches")),
+    ("the process's other threads: CPU", 1, _call_cpu("other_threads_cpu_s")),
+    ("objects the collector tracks at the call (count)", 1, _call_cpu("gc_objects_at_start")),
+    ("load average at the call", 1, _call_cpu("loadavg_at_start")),
+    ("compile pool ready when the call started (1 = yes)", 1, _call_cpu("compile_pool_ready", 0)),
+    ("compile pool ready when the call ended (1 = yes)", 1, _call_cpu("compile_pool_ready", 1)),
     ("kcache: all layers' own seconds", 0, _kcache_layers),
     ("kcache: kernel emit", 0, lambda run: float((run.get("kcache") or {}).get("bundle_emit_s") or 0.0)),
     ("kcache: kernels pre-emitted (background, count)", 0,
