@@ -559,6 +559,7 @@ STATE_ALLOWED = {
     "kcache.layers.triton.kernel_key_parts._lock": "guards _remembered",
     "kcache.store.emitter._cleaned": "Triton cache dirs already swept of stale kernel dirs (the CLI emits without a runtime); "
     "a sweep skipped after a reinstall changes nothing any runtime sees",
+    "kcache.store.emitter._sweep_lock": "guards _cleaned: a dir's first sweep ends before other threads emit into it",
     # constant tables, never written
     "kcache.__all__": "constant", "kcache.cli.__all__": "constant", "kcache.store.fingerprint.__all__": "constant",
     "kcache.triton_manager.__all__": "constant", "kcache.config.MODES": "constant", "kcache.config._VARIABLES": "constant",

@@ -110,6 +110,61 @@ def test_dir_being_written_by_a_local_compile_is_left_alone(real_kernel_dirs, tm
     assert emit_pack(tmp_path, pack) is EmitOutcome.REPAIRED
 
 
+def test_an_old_leftover_once_quarantined_is_kept_an_hour_from_then(real_kernel_dirs, tmp_path: Path) -> None:
+    # A crashed writer's leftover is hours old when kcache finds it; rename keeps that mtime, so the
+    # next sweep (another thread's or process's first emit into this dir) used to delete the
+    # quarantined dir at once: the evidence the warning points at was gone (CI stop 44).
+    manifest, pack = pack_kernel_dir(real_kernel_dirs[0])
+    kdir = tmp_path / manifest.key
+    kdir.mkdir()
+    (kdir / f"{manifest.kernel_name}.cubin").write_bytes(b"\0" * 10)
+    old = time.time() - 7200
+    os.utime(kdir, (old, old))
+    assert emit_pack(tmp_path, pack) is EmitOutcome.REPAIRED
+    assert clean_stale(tmp_path) == 0
+    assert [p.name.startswith("quarantine.") for p in tmp_path.iterdir()].count(True) == 1
+
+
+def test_threads_emitting_into_a_dir_never_sweep_a_quarantine_they_just_made(
+    real_kernel_dirs, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Inductor's read_and_emit hook emits a bundle's kernels from a thread pool: one thread runs the
+    # dir's first sweep while another quarantines an old leftover. The sweep must finish first.
+    import threading
+
+    from kcache.store import emitter
+
+    sweeping, release = threading.Event(), threading.Event()
+    real_clean = emitter.clean_stale
+
+    def slow_clean(cache_dir: Path, older_than_s: float = 3600.0) -> int:
+        sweeping.set()
+        release.wait(5)
+        return real_clean(cache_dir, older_than_s)
+
+    monkeypatch.setattr(emitter, "clean_stale", slow_clean)
+    monkeypatch.setattr(emitter, "_cleaned", set())
+    first, second = (pack_kernel_dir(d) for d in real_kernel_dirs[:2])
+    leftover = tmp_path / second[0].key
+    leftover.mkdir()
+    (leftover / "junk.cubin").write_bytes(b"\0")
+    past = time.time() - 7200
+    os.utime(leftover, (past, past))
+    outcomes: list[EmitOutcome] = []
+    sweeper = threading.Thread(target=lambda: outcomes.append(emit_pack(tmp_path, first[1])))
+    sweeper.start()
+    assert sweeping.wait(5)
+    other = threading.Thread(target=lambda: outcomes.append(emit_pack(tmp_path, second[1])))
+    other.start()
+    other.join(0.5)
+    assert other.is_alive()  # waits for the sweep rather than racing it
+    release.set()
+    sweeper.join(5)
+    other.join(5)
+    assert sorted(o.value for o in outcomes) == ["emitted", "repaired"]
+    assert [p.name.startswith("quarantine.") for p in tmp_path.iterdir()].count(True) == 1
+
+
 def test_stale_staging_dirs_are_cleaned_young_ones_kept(tmp_path: Path) -> None:
     old, young = tmp_path / "tmp.kcache.old", tmp_path / "tmp.0b5e5f1e-young"
     for d in (old, young):

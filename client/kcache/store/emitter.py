@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import shutil
+import threading
 import time
 import uuid
 from collections.abc import Mapping
@@ -43,6 +44,9 @@ _STALE_AFTER_S = 3600.0
 # compile, so we leave it alone (it will become complete by itself).
 _IN_PROGRESS_S = 120.0
 _cleaned: set[str] = set()
+# The first emit into a dir sweeps it; emits from other threads of this process (Inductor's
+# read_and_emit hook uses a pool) wait for that sweep rather than quarantine beside it.
+_sweep_lock = threading.Lock()
 # Shared objects in a Triton cache dir are host modules that Triton loads into the process; a
 # kernel dir never holds one. They reach a node only as ``triton-module`` entries (signed where
 # signing is configured, see kcache.transport.entry_signing): an (unsigned) kernel pack carrying one would
@@ -152,6 +156,9 @@ def _quarantine(cache_dir: Path, kernel_dir: Path, key: str) -> None:
     dest = cache_dir / f"{QUARANTINE_PREFIX}{key}.{uuid.uuid4().hex[:12]}"
     with contextlib.suppress(FileNotFoundError):  # someone else moved it first: fine
         os.rename(kernel_dir, dest)
+        # rename keeps the leftover's mtime (often hours old): the sweep's hour counts from now,
+        # or the next sweep would delete the quarantined dir the warning below points at.
+        os.utime(dest)
         log.warning("kcache: quarantined incomplete or corrupt kernel dir %s -> %s", kernel_dir, dest.name)
 
 
@@ -208,8 +215,10 @@ def emit_files(
     cache = Path(cache_dir)
     cache.mkdir(parents=True, exist_ok=True)
     if str(cache) not in _cleaned:
-        _cleaned.add(str(cache))
-        clean_stale(cache)
+        with _sweep_lock:
+            if str(cache) not in _cleaned:
+                clean_stale(cache)
+                _cleaned.add(str(cache))
     final = cache / key
 
     repaired = False
