@@ -7,8 +7,9 @@ Guarantees (DESIGN.md, "the emitter"):
   substituted, the group file written last, then ``os.replace``-d into place: readers see a whole
   kernel dir or none (no cubin of one writer with metadata of another: vllm#52413, triton#11319).
 * An existing complete, valid dir wins. An incomplete or corrupt one is renamed to
-  ``quarantine.<key>.<uuid>`` and replaced. N processes emitting one kernel at once leave exactly
-  one intact dir; correctness never depends on a lock (huggingface_hub's habit).
+  ``quarantine.<key>.<uuid>`` (kept an hour from then, for inspection, then swept) and replaced.
+  N processes emitting one kernel at once leave exactly one intact dir; correctness never depends
+  on a lock (huggingface_hub's habit).
 * Paths come only from the validated 52-char key and validated file names: a pack cannot make
   us write outside the cache dir.
 """
